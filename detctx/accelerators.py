@@ -1,0 +1,293 @@
+"""Accelerator RNG sources: one code path for CUDA, NPU, XPU, MPS and the rest.
+
+An accelerator is a torch device type whose device module (``torch.cuda``,
+``torch.npu`` once torch_npu is imported, ...) offers the usual RNG functions.
+The backends differ only in the module that is looked up; a new backend is a
+call to :func:`register_accelerator`, and the privateuse1 backend (torch_npu's
+``npu``) is picked up by name.
+
+Never waking a device
+---------------------
+Reading a device's RNG state initialises it (a CUDA context, NPU init, GPU
+memory). So for a device the program has not initialised yet, detctx does not
+read it: it seeds it through the module's lazy path (``manual_seed_all``,
+queued until first use), and on exit takes that queued seed back out again.
+Taking it back uses the module's lazy queue (``_queued_calls`` and, on CUDA
+and XPU, ``_lazy_seed_tracker``), which PyTorch does not expose publicly; where
+that queue is not found, or was changed by someone else inside the block, the
+device is re-seeded lazily with the seed in force before the block instead
+(taken to be the CPU generator's seed, which ``torch.manual_seed`` sets on
+every device at once). If the device is initialised *inside* the block, its
+generators are re-seeded with that seed on exit: the same as if the block had
+never run, unless the device had been seeded on its own
+(``torch.cuda.manual_seed_all(s)`` without ``torch.manual_seed``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import sys
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from detctx.errors import DeterminismWarning
+
+__all__ = [
+    "AcceleratorSource",
+    "active_accelerators",
+    "is_accelerator_name",
+    "register_accelerator",
+]
+
+_accelerator_types: list[str] = ["cuda", "xpu", "mps"]
+_sources: dict[str, AcceleratorSource] = {}
+_present_cache: tuple[object, list[AcceleratorSource]] | None = None
+_npu_import_tried = False
+
+
+def register_accelerator(device_type: str) -> None:
+    """Manage the RNG of every device of ``device_type`` (``"hpu"``, say).
+
+    The type's device module (``torch.get_device_module(device_type)``) must
+    offer ``is_available``, ``get_rng_state``, ``set_rng_state`` and
+    ``manual_seed_all`` (or ``manual_seed``), like ``torch.cuda`` does. The
+    privateuse1 backend (torch_npu's ``npu``) needs no registration.
+    """
+    global _present_cache
+    if not isinstance(device_type, str) or not device_type:
+        raise TypeError(f"device_type must be a non-empty string, got {device_type!r}")
+    if device_type == "cpu":
+        raise ValueError("the CPU generator is the built-in 'torch' source, not an accelerator")
+    if device_type not in _accelerator_types:
+        _accelerator_types.append(device_type)
+    _present_cache = None
+
+
+def is_accelerator_name(name: str) -> bool:
+    """Whether ``name`` is (or would be) the source name of an accelerator type."""
+    return name in _accelerator_types or name == _privateuse1_name()
+
+
+def _privateuse1_name() -> str:
+    return str(torch._C._get_privateuse1_backend_name())
+
+
+def _device_module(device_type: str) -> Any:
+    get = getattr(torch, "get_device_module", None)  # torch >= 2.3
+    if get is not None:
+        try:
+            return get(device_type)
+        except (RuntimeError, AttributeError, ValueError):
+            return None
+    return getattr(torch, device_type, None)
+
+
+def _import_torch_npu() -> None:
+    """Import torch_npu if it is installed and not imported yet, warning on failure.
+
+    torch >= 2.5 usually imports it already through the ``torch.backends``
+    entry point; older torch needs the explicit import.
+    """
+    global _npu_import_tried
+    if _npu_import_tried:
+        return
+    _npu_import_tried = True
+    if "torch_npu" in sys.modules or importlib.util.find_spec("torch_npu") is None:
+        return
+    try:
+        importlib.import_module("torch_npu")
+    except (ImportError, RuntimeError, OSError) as exc:
+        warnings.warn(
+            f"torch_npu is installed but could not be imported ({type(exc).__name__}: {exc}); "
+            "NPU RNG state is not managed. On a machine without Ascend's CANN libraries, "
+            "uninstall torch_npu or set TORCH_DEVICE_BACKEND_AUTOLOAD=0 before importing torch.",
+            DeterminismWarning,
+            stacklevel=4,
+        )
+
+
+def active_accelerators() -> list[AcceleratorSource]:
+    """The accelerator sources of the device types that are available now.
+
+    Cached until the privateuse1 backend is renamed or a type is registered,
+    so a block pays for discovery once, not on every entry.
+    """
+    global _present_cache
+    _import_torch_npu()
+    key = _privateuse1_name()
+    if _present_cache is not None and _present_cache[0] == key:
+        return _present_cache[1]
+    names = list(_accelerator_types)
+    if key != "privateuseone" and key not in names:
+        names.append(key)
+    present = []
+    for name in names:
+        module = _device_module(name)
+        if module is None or not _available(module):
+            continue
+        source = _sources.get(name)
+        if source is None or source.module is not module:
+            source = _sources[name] = AcceleratorSource(name, module)
+        present.append(source)
+    _present_cache = (key, present)
+    return present
+
+
+def _available(module: Any) -> bool:
+    is_available = getattr(module, "is_available", None)
+    if is_available is None or getattr(module, "get_rng_state", None) is None:
+        return False
+    try:
+        return bool(is_available())
+    except Exception:  # a broken backend is an absent one, not a crash
+        return False
+
+
+@dataclass(frozen=True)
+class _QueueMark:
+    """Where a device module's private lazy queue stood at one moment."""
+
+    calls: list[Any]
+    length: int
+    last: object
+    tracker: Any
+    tracker_fields: dict[str, Any] | None
+
+    @classmethod
+    def take(cls, module: Any) -> _QueueMark | None:
+        calls = getattr(module, "_queued_calls", None)
+        if not isinstance(calls, list):
+            return None
+        tracker = getattr(module, "_lazy_seed_tracker", None)
+        fields = None
+        if tracker is not None:
+            fields = {k: list(v) if isinstance(v, list) else v for k, v in vars(tracker).items()}
+        return cls(calls, len(calls), calls[-1] if calls else None, tracker, fields)
+
+    def same_as(self, other: _QueueMark | None) -> bool:
+        """Whether nothing was queued between the two marks."""
+        if other is None or other.calls is not self.calls or other.length != self.length:
+            return False
+        if other.last is not self.last:
+            return False
+        if self.tracker_fields is None or other.tracker_fields is None:
+            return self.tracker_fields is other.tracker_fields
+        return all(
+            other.tracker_fields.get(k) is v or other.tracker_fields.get(k) == v
+            for k, v in self.tracker_fields.items()
+        )
+
+    def rewind(self) -> bool:
+        """Drop everything queued since this mark; False if the queue's past changed."""
+        calls = self.calls
+        if len(calls) < self.length or (self.length and calls[self.length - 1] is not self.last):
+            return False
+        del calls[self.length :]
+        if self.tracker is not None and self.tracker_fields is not None:
+            for key, value in self.tracker_fields.items():
+                setattr(self.tracker, key, list(value) if isinstance(value, list) else value)
+        return True
+
+
+@dataclass(frozen=True)
+class Uninitialised:
+    """The captured state of a device type that was not initialised yet.
+
+    ``seed_before`` is the seed taken to be pending for it (the CPU
+    generator's seed); ``mark`` is where its lazy queue stood, if readable.
+    """
+
+    seed_before: int
+    mark: _QueueMark | None
+
+
+class AcceleratorSource:
+    """All devices of one accelerator type, as one RNG source."""
+
+    def __init__(self, device_type: str, module: Any) -> None:
+        self.device_type = device_type
+        self.module = module
+        self._is_initialized: Callable[[], bool] = getattr(module, "is_initialized", lambda: True)
+        self._seed_all: Callable[[int], None] = (
+            getattr(module, "manual_seed_all", None) or module.manual_seed
+        )
+        self._indexed = _takes_device_argument(module.get_rng_state)
+        # The queue mark right after this source's own last lazy seed, and that seed.
+        self._queued: tuple[_QueueMark | None, int] | None = None
+
+    def is_initialized(self) -> bool:
+        """Whether the device type has been initialised in this process."""
+        return bool(self._is_initialized())
+
+    def device_count(self) -> int:
+        count = getattr(self.module, "device_count", None)
+        return int(count()) if count is not None else 1
+
+    def capture(self) -> Any:
+        if not self.is_initialized():
+            return Uninitialised(
+                torch.default_generator.initial_seed(), _QueueMark.take(self.module)
+            )
+        get = self.module.get_rng_state
+        if not self._indexed:
+            return (get(),)
+        return tuple(get(i) for i in range(self.device_count()))
+
+    def restore(self, state: Any) -> None:
+        if isinstance(state, Uninitialised):
+            self._restore_pending(state)
+            return
+        set_state = self.module.set_rng_state
+        if not self._indexed:
+            set_state(state[0])
+            return
+        for index, device_state in enumerate(state):
+            set_state(device_state, index)
+
+    def _restore_pending(self, state: Uninitialised) -> None:
+        if not self.is_initialized():
+            if state.mark is not None and state.mark.rewind():
+                return
+            self._lazy_seed(state.seed_before)
+            return
+        # Initialised inside the block: the pending seed would have been applied
+        # at initialisation, and the stream would start from there.
+        self._queued = None
+        self._seed_all(state.seed_before)
+
+    def seed(self, seed: int) -> None:
+        if self.is_initialized():
+            self._queued = None
+            self._seed_all(seed)
+        else:
+            self._lazy_seed(seed)
+
+    def _lazy_seed(self, seed: int) -> None:
+        """Queue ``seed`` for initialisation, unless it is exactly what is queued last.
+
+        Each lazy call formats a stack trace (and torch_npu appends it to a
+        list that only initialisation empties), so skip the call when the
+        queue still ends with this source's own seed of the same value.
+        """
+        if self._queued is not None:
+            mark, queued_seed = self._queued
+            if (
+                queued_seed == seed
+                and mark is not None
+                and mark.same_as(_QueueMark.take(self.module))
+            ):
+                return
+        self._seed_all(seed)
+        self._queued = (_QueueMark.take(self.module), seed)
+
+
+def _takes_device_argument(get_rng_state: Callable[..., Any]) -> bool:
+    try:
+        return bool(inspect.signature(get_rng_state).parameters)
+    except (TypeError, ValueError):
+        return True

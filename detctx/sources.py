@@ -1,0 +1,170 @@
+"""RNG sources: one small protocol, one registry.
+
+Python's ``random``, NumPy's global generator and torch's CPU generator are
+registered here like any user source. Accelerators (CUDA, NPU, ...) are sources
+too; they are discovered in :mod:`detctx.accelerators`.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+
+__all__ = [
+    "RNGSource",
+    "register_source",
+    "registered_sources",
+    "unregister_source",
+]
+
+
+@runtime_checkable
+class RNGSource(Protocol):
+    """Anything whose random state detctx can save, seed and put back.
+
+    ``capture`` returns an opaque value that ``restore`` accepts; ``seed``
+    resets the source to the stream of the given seed (an int in
+    ``[0, 2**32 - 1]``). ``capture`` must not change the source's state.
+    """
+
+    def capture(self) -> Any: ...
+
+    def restore(self, state: Any) -> None: ...
+
+    def seed(self, seed: int) -> None: ...
+
+
+class PythonRandomSource:
+    """A ``random.Random`` instance; by default the ``random`` module's own."""
+
+    def __init__(self, rng: random.Random | None = None) -> None:
+        self._rng: Any = rng if rng is not None else random
+
+    def capture(self) -> Any:
+        return self._rng.getstate()
+
+    def restore(self, state: Any) -> None:
+        self._rng.setstate(state)
+
+    def seed(self, seed: int) -> None:
+        self._rng.seed(seed)
+
+
+class NumpyRandomStateSource:
+    """A legacy ``np.random.RandomState``; by default NumPy's global one."""
+
+    def __init__(self, rng: np.random.RandomState | None = None) -> None:
+        self._rng: Any = rng if rng is not None else np.random
+
+    def capture(self) -> Any:
+        return self._rng.get_state()
+
+    def restore(self, state: Any) -> None:
+        self._rng.set_state(state)
+
+    def seed(self, seed: int) -> None:
+        self._rng.seed(seed)
+
+
+class NumpyGeneratorSource:
+    """A ``np.random.Generator``; seeding gives the stream of ``default_rng``-style
+    construction with the same bit generator type (``type(bg)(seed)``)."""
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self._bit_generator = rng.bit_generator
+
+    def capture(self) -> Any:
+        return self._bit_generator.state
+
+    def restore(self, state: Any) -> None:
+        self._bit_generator.state = state
+
+    def seed(self, seed: int) -> None:
+        self._bit_generator.state = type(self._bit_generator)(seed).state
+
+
+class TorchGeneratorSource:
+    """A ``torch.Generator`` on the CPU; by default ``torch.default_generator``.
+
+    Seeding the default generator here, rather than through
+    ``torch.manual_seed``, avoids queueing lazy seeds (with a formatted stack
+    trace each) for accelerators that are not present; accelerators are seeded
+    by their own sources.
+    """
+
+    def __init__(self, generator: torch.Generator | None = None) -> None:
+        self._generator = generator if generator is not None else torch.default_generator
+
+    def capture(self) -> Any:
+        return self._generator.get_state()
+
+    def restore(self, state: Any) -> None:
+        self._generator.set_state(state)
+
+    def seed(self, seed: int) -> None:
+        self._generator.manual_seed(seed)
+
+
+def as_source(obj: object) -> RNGSource:
+    """Adapt ``obj`` to the :class:`RNGSource` protocol, or raise ``TypeError``."""
+    if isinstance(obj, torch.Generator):
+        return TorchGeneratorSource(obj)
+    if isinstance(obj, random.Random):
+        return PythonRandomSource(obj)
+    if isinstance(obj, np.random.RandomState):
+        return NumpyRandomStateSource(obj)
+    if isinstance(obj, np.random.Generator):
+        return NumpyGeneratorSource(obj)
+    if isinstance(obj, RNGSource):
+        return obj
+    raise TypeError(
+        f"cannot manage {type(obj).__name__!r} as an RNG source: pass a torch.Generator, "
+        "random.Random, numpy RandomState or Generator, or an object with "
+        "capture(), restore(state) and seed(seed) methods"
+    )
+
+
+_BUILTIN: dict[str, RNGSource] = {
+    "python": PythonRandomSource(),
+    "numpy": NumpyRandomStateSource(),
+    "torch": TorchGeneratorSource(),
+}
+_registry: dict[str, RNGSource] = dict(_BUILTIN)
+
+
+def register_source(name: str, source: object) -> None:
+    """Manage ``source`` in every ``deterministic`` block and snapshot from now on.
+
+    ``source`` is a ``torch.Generator`` (a sampler's, say), a ``random.Random``,
+    a NumPy ``RandomState`` or ``Generator``, or any object implementing
+    :class:`RNGSource`. It is seeded with the block's seed, saved on entry and
+    restored on exit. Names are unique: registering a taken name raises
+    ``ValueError`` (unregister it first).
+    """
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"source name must be a non-empty string, got {name!r}")
+    adapted = as_source(source)
+    from detctx.accelerators import is_accelerator_name
+
+    if name in _registry or is_accelerator_name(name):
+        raise ValueError(f"an RNG source named {name!r} is already registered")
+    _registry[name] = adapted
+
+
+def unregister_source(name: str) -> None:
+    """Stop managing the source registered as ``name``. Built-in sources stay."""
+    if name in _BUILTIN:
+        raise ValueError(f"{name!r} is a built-in source and cannot be unregistered")
+    try:
+        del _registry[name]
+    except KeyError:
+        raise KeyError(f"no RNG source named {name!r} is registered") from None
+
+
+def registered_sources() -> Iterator[tuple[str, RNGSource]]:
+    """The registered (non-accelerator) sources, built-ins first."""
+    return iter(list(_registry.items()))

@@ -1,0 +1,233 @@
+"""Determinism switches: algorithm flags and environment variables.
+
+Each switch follows the RNG sources' shape: ``capture()`` the current value,
+``apply(setting, seed)`` the deterministic one, ``restore(saved)`` the old one.
+A switch's setting is validated once, when the block is configured, so a bad
+option fails before anything is changed.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from detctx.errors import DeterminismWarning
+
+__all__ = [
+    "AlgorithmsSwitch",
+    "CudnnSwitch",
+    "EnvSwitch",
+    "Switch",
+    "default_switches",
+]
+
+
+class Switch(Protocol):
+    """One determinism setting detctx can save, set and put back."""
+
+    @property
+    def name(self) -> str: ...
+
+    def validate(self, setting: object) -> None:
+        """Raise ``TypeError`` / ``ValueError`` for a setting this switch does not accept."""
+
+    def capture(self) -> Any: ...
+
+    def apply(self, setting: Any, seed: int) -> str | None:
+        """Set the switch; return a short description for the log, or None if left alone."""
+
+    def restore(self, saved: Any) -> None: ...
+
+
+def _check_bool(name: str, setting: object) -> None:
+    if not isinstance(setting, bool):
+        raise TypeError(f"{name} must be True or False, got {setting!r}")
+
+
+class AlgorithmsSwitch:
+    """``torch.use_deterministic_algorithms`` (and ``fill_uninitialized_memory``).
+
+    ``True`` raises on ops without a deterministic implementation, ``"warn"``
+    only warns (``warn_only=True``), ``False`` leaves the flags alone.
+
+    On Ascend NPUs the deterministic state is taken once per thread, by the
+    first setting that is followed by an op launch; after that, turning it on
+    or back off is best-effort, and a warning says so.
+    """
+
+    name = "algorithms"
+
+    def __init__(self, npu_initialized: Callable[[], bool]) -> None:
+        self._npu_initialized = npu_initialized
+        utils_det = getattr(torch.utils, "deterministic", None)
+        self._fill = utils_det if hasattr(utils_det, "fill_uninitialized_memory") else None
+
+    def validate(self, setting: object) -> None:
+        if isinstance(setting, str):
+            if setting != "warn":
+                raise ValueError(f"algorithms must be True, False or 'warn', got {setting!r}")
+        else:
+            _check_bool("algorithms", setting)
+
+    def capture(self) -> Any:
+        fill = self._fill.fill_uninitialized_memory if self._fill is not None else None
+        return (
+            torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled(),
+            fill,
+        )
+
+    def apply(self, setting: Any, seed: int) -> str | None:
+        if setting is False:
+            return None
+        warn_only = setting == "warn"
+        before = (
+            torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled(),
+        )
+        if before != (True, warn_only) and self._npu_initialized():
+            warnings.warn(
+                "torch.use_deterministic_algorithms was changed after the NPU was initialised; "
+                "Ascend reads the deterministic state once per thread, at the first op launch "
+                "that follows a setting, so this change may not take effect on the NPU (and "
+                "restoring it on exit is best-effort). Enter the block, or call "
+                "detctx.seed_all(), before the first NPU op.",
+                DeterminismWarning,
+                stacklevel=5,
+            )
+        torch.use_deterministic_algorithms(True, warn_only=warn_only)
+        return "algorithms=warn" if warn_only else "algorithms=on"
+
+    def restore(self, saved: Any) -> None:
+        enabled, warn_only, fill = saved
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+        if self._fill is not None and fill is not None:
+            self._fill.fill_uninitialized_memory = fill
+
+
+class CudnnSwitch:
+    """``torch.backends.cudnn.deterministic = True`` and ``.benchmark = False``."""
+
+    name = "cudnn"
+
+    def validate(self, setting: object) -> None:
+        _check_bool("cudnn", setting)
+
+    def capture(self) -> Any:
+        cudnn = torch.backends.cudnn
+        return (cudnn.deterministic, cudnn.benchmark)
+
+    def apply(self, setting: Any, seed: int) -> str | None:
+        if not setting:
+            return None
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+        return "cudnn.deterministic=True, cudnn.benchmark=False"
+
+    def restore(self, saved: Any) -> None:
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved
+
+
+@dataclass(frozen=True)
+class EnvSwitch:
+    """An environment variable set for the block and restored (or unset) after it.
+
+    ``values`` maps each accepted setting (other than ``False``) to the value
+    written; a current value in ``keep`` already satisfies the setting and is
+    left as it is. ``too_late`` says, when the variable is actually changed,
+    whether the process has passed the point where it is read, and returns the
+    reason for the warning.
+    """
+
+    name: str
+    variable: str
+    values: dict[object, str | Callable[[int], str]]
+    keep: frozenset[str] = frozenset()
+    too_late: Callable[[], str | None] | None = None
+
+    def validate(self, setting: object) -> None:
+        if setting is False:
+            return
+        if isinstance(setting, bool) or isinstance(setting, str):
+            if setting in self.values:
+                return
+        accepted = ", ".join(repr(v) for v in [False, *self.values])
+        if isinstance(setting, (bool, str)):
+            raise ValueError(f"{self.name} must be one of {accepted}, got {setting!r}")
+        raise TypeError(f"{self.name} must be one of {accepted}, got {setting!r}")
+
+    def capture(self) -> Any:
+        return os.environ.get(self.variable)
+
+    def apply(self, setting: Any, seed: int) -> str | None:
+        if setting is False:
+            return None
+        value = self.values[setting]
+        wanted = value(seed) if callable(value) else value
+        current = os.environ.get(self.variable)
+        if current is not None and current.strip().lower() in self.keep | {wanted.lower()}:
+            return f"{self.variable}={current}"
+        if current != wanted:
+            reason = self.too_late() if self.too_late is not None else None
+            if reason is not None:
+                warnings.warn(
+                    f"{self.variable} was set to {wanted!r} after {reason}, so it may not take "
+                    f"effect in this process. Set it before launch: "
+                    f"export {self.variable}={wanted}",
+                    DeterminismWarning,
+                    stacklevel=5,
+                )
+            os.environ[self.variable] = wanted
+        return f"{self.variable}={wanted}"
+
+    def restore(self, saved: Any) -> None:
+        if saved is None:
+            os.environ.pop(self.variable, None)
+        else:
+            os.environ[self.variable] = saved
+
+
+def _cuda_initialised() -> str | None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        return "CUDA was initialised (cuBLAS reads it when it creates its first handle)"
+    return None
+
+
+def _hccl_communicator_exists() -> str | None:
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and "hccl" in str(dist.get_backend()).lower():
+        return (
+            "the HCCL process group was created (torch_npu reads it once, when the first "
+            "communicator is configured)"
+        )
+    return None
+
+
+def default_switches(npu_initialized: Callable[[], bool]) -> list[Switch]:
+    """The switches every block manages, in the order they are applied."""
+    return [
+        AlgorithmsSwitch(npu_initialized),
+        CudnnSwitch(),
+        EnvSwitch("hash_seed", "PYTHONHASHSEED", {True: str}),
+        EnvSwitch(
+            "cublas_workspace",
+            "CUBLAS_WORKSPACE_CONFIG",
+            {True: ":4096:8"},
+            keep=frozenset({":4096:8", ":16:8"}),
+            too_late=_cuda_initialised,
+        ),
+        EnvSwitch(
+            "hccl",
+            "HCCL_DETERMINISTIC",
+            {True: "true", "strict": "strict"},
+            keep=frozenset({"strict"}),
+            too_late=_hccl_communicator_exists,
+        ),
+        EnvSwitch("matmul_k_shift", "CLOSE_MATMUL_K_SHIFT", {True: "1"}),
+        EnvSwitch("flash_attention", "FLASH_ATTENTION_DETERMINISTIC", {True: "1"}),
+    ]

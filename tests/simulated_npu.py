@@ -1,0 +1,144 @@
+"""A simulated Ascend NPU: a test double for hardware these machines lack.
+
+It is a device module backed by CPU ``torch.Generator`` objects, registered
+exactly the way torch_npu registers itself
+(``torch.utils.rename_privateuse1_backend("npu")`` and
+``torch._register_device_module("npu", module)``), with torch_npu's RNG
+functions and its lazy-initialisation behaviour: before the device is
+initialised, ``manual_seed*`` and ``set_rng_state`` are appended to
+``_queued_calls`` (with a formatted stack trace each) and run at
+initialisation; ``get_rng_state`` and ``initial_seed`` initialise the device.
+
+The registration can happen once per process, so tests that use it run it in
+a subprocess (see ``run_with_simulated_npu`` in ``conftest.py``). Never use
+this outside the tests.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+_DEFAULT_SEED = 67280421310721  # c10's default_rng_seed_val, as on a real device
+
+_device_count = 0
+_initialized = False
+_queued_calls: list[tuple[Callable[[], None], list[str]]] = []
+default_generators: tuple[torch.Generator, ...] = ()
+_current = 0
+init_count = 0  # how many times the device was initialised (tests assert on it)
+
+
+def install(device_count: int = 2) -> None:
+    """Register this module as ``torch.npu``, with ``device_count`` devices."""
+    global _device_count
+    _device_count = device_count
+    torch.utils.rename_privateuse1_backend("npu")
+    torch._register_device_module("npu", sys.modules[__name__])
+
+
+def is_available() -> bool:
+    return _device_count > 0
+
+
+def device_count() -> int:
+    return _device_count
+
+
+def current_device() -> int:
+    return _current
+
+
+def set_device(index: int) -> None:
+    global _current
+    _current = index
+
+
+def is_initialized() -> bool:
+    return _initialized
+
+
+def _is_in_bad_fork() -> bool:
+    return False
+
+
+def _lazy_init() -> None:
+    global _initialized, default_generators, init_count
+    if _initialized:
+        return
+    default_generators = tuple(
+        torch.Generator().manual_seed(_DEFAULT_SEED) for _ in range(_device_count)
+    )
+    _initialized = True
+    init_count += 1
+    calls = list(_queued_calls)
+    _queued_calls.clear()
+    for call, _trace in calls:
+        call()
+
+
+init = _lazy_init
+
+
+def _lazy_call(callable: Callable[[], None]) -> None:
+    if _initialized:
+        callable()
+    else:
+        _queued_calls.append((callable, traceback.format_stack()))
+
+
+def _index(device: Any) -> int:
+    if isinstance(device, int):
+        return device
+    device = torch.device(device)
+    return _current if device.index is None else device.index
+
+
+def get_rng_state(device: Any = "npu") -> torch.Tensor:
+    _lazy_init()
+    return default_generators[_index(device)].get_state()
+
+
+def get_rng_state_all() -> list[torch.Tensor]:
+    return [get_rng_state(i) for i in range(_device_count)]
+
+
+def set_rng_state(new_state: torch.Tensor, device: Any = "npu") -> None:
+    new_state = new_state.clone()
+    index = _index(device)
+    _lazy_call(lambda: default_generators[index].set_state(new_state))
+
+
+def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
+    for index, state in enumerate(new_states):
+        set_rng_state(state, index)
+
+
+def manual_seed(seed: int) -> None:
+    seed = int(seed)
+    _lazy_call(lambda: default_generators[_current].manual_seed(seed))
+
+
+def manual_seed_all(seed: int) -> None:
+    seed = int(seed)
+
+    def cb() -> None:
+        for generator in default_generators:
+            generator.manual_seed(seed)
+
+    _lazy_call(cb)
+
+
+def initial_seed() -> int:
+    _lazy_init()
+    return int(default_generators[_current].initial_seed())
+
+
+def rand(n: int, device: int = 0) -> torch.Tensor:
+    """Draw ``n`` uniforms on simulated device ``device`` (initialising it)."""
+    _lazy_init()
+    return torch.rand(n, generator=default_generators[device])
