@@ -1,0 +1,88 @@
+"""Shared test helpers: a clean process-global state per test, and subprocess runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+
+DETERMINISM_ENV = (
+    "PYTHONHASHSEED",
+    "CUBLAS_WORKSPACE_CONFIG",
+    "HCCL_DETERMINISTIC",
+    "CLOSE_MATMUL_K_SHIFT",
+    "FLASH_ATTENTION_DETERMINISTIC",
+    "DETCTX_SEED",
+)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_globals() -> Iterator[None]:
+    """Each test starts from, and leaves behind, the same global flags and env."""
+    saved_env = {name: os.environ.get(name) for name in DETERMINISM_ENV}
+    for name in DETERMINISM_ENV:
+        os.environ.pop(name, None)
+    saved_flags = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+    )
+    torch.use_deterministic_algorithms(False)
+    yield
+    torch.use_deterministic_algorithms(saved_flags[0], warn_only=saved_flags[1])
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved_flags[2:]
+    for name, value in saved_env.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+def run_python(
+    code: str,
+    *,
+    timeout: float = 120,
+    env: dict[str, str] | None = None,
+    path: tuple[str, ...] = (),
+) -> str:
+    """Run ``code`` in a fresh interpreter with ``path`` and ``tests/`` importable.
+
+    Returns its stdout; fails the test with the child's output if it exits non-zero.
+    """
+    child_env = dict(os.environ)
+    if env:
+        child_env.update(env)
+    child_env["PYTHONPATH"] = os.pathsep.join(
+        [*path, str(TESTS), str(ROOT), child_env.get("PYTHONPATH", "")]
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=child_env,
+        cwd=ROOT,
+    )
+    if proc.returncode != 0:
+        pytest.fail(
+            f"child exited {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+        )
+    return proc.stdout
+
+
+def draws() -> tuple[object, ...]:
+    """One draw from each of Python, NumPy and torch's CPU generator."""
+    import random
+
+    return (random.random(), float(np.random.rand()), float(torch.rand(1)))
