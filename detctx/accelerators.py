@@ -182,16 +182,55 @@ class _QueueMark:
             for k, v in self.tracker_fields.items()
         )
 
+    def added_by(self, later: _QueueMark) -> _QueuedEntry | None:
+        """What one lazy call added between this mark and ``later``, if it can be told."""
+        if later.calls is not self.calls or not self._prefix_intact():
+            return None
+        appended = tuple(later.calls[self.length : later.length])
+        seed_all = None
+        if later.tracker_fields is not None and self.tracker_fields is not None:
+            seed_all = later.tracker_fields.get("manual_seed_all_cb")
+            if seed_all is self.tracker_fields.get("manual_seed_all_cb"):
+                seed_all = None
+        if not appended and seed_all is None:
+            return None
+        return _QueuedEntry(appended, seed_all)
+
+    def _prefix_intact(self) -> bool:
+        """Whether the queue still holds what it held at this mark (maybe more after it)."""
+        calls, length = self.calls, self.length
+        return len(calls) >= length and (not length or calls[length - 1] is self.last)
+
+    def append(self, entry: _QueuedEntry) -> bool:
+        """Re-queue what one earlier lazy call queued; False if that cannot be done."""
+        queue_seed_all = getattr(self.tracker, "queue_seed_all", None)
+        if entry.seed_all is not None and queue_seed_all is None:
+            return False
+        self.calls.extend(entry.appended)
+        if entry.seed_all is not None and queue_seed_all is not None:
+            queue_seed_all(*entry.seed_all)
+        return True
+
     def rewind(self) -> bool:
         """Drop everything queued since this mark; False if the queue's past changed."""
-        calls = self.calls
-        if len(calls) < self.length or (self.length and calls[self.length - 1] is not self.last):
+        if not self._prefix_intact():
             return False
-        del calls[self.length :]
+        del self.calls[self.length :]
         if self.tracker is not None and self.tracker_fields is not None:
             for key, value in self.tracker_fields.items():
                 setattr(self.tracker, key, list(value) if isinstance(value, list) else value)
         return True
+
+
+@dataclass(frozen=True)
+class _QueuedEntry:
+    """The queue entries one lazy ``manual_seed_all`` call made."""
+
+    appended: tuple[Any, ...]
+    seed_all: Any
+
+
+_REMEMBERED_SEEDS = 16
 
 
 @dataclass(frozen=True)
@@ -219,6 +258,8 @@ class AcceleratorSource:
         self._indexed = _takes_device_argument(module.get_rng_state)
         # The queue mark right after this source's own last lazy seed, and that seed.
         self._queued: tuple[_QueueMark | None, int] | None = None
+        # What a lazy seed call added to the queue, by seed, to re-append without a new call.
+        self._entries: dict[int, _QueuedEntry] = {}
 
     def is_initialized(self) -> bool:
         """Whether the device type has been initialised in this process."""
@@ -268,22 +309,32 @@ class AcceleratorSource:
             self._lazy_seed(seed)
 
     def _lazy_seed(self, seed: int) -> None:
-        """Queue ``seed`` for initialisation, unless it is exactly what is queued last.
+        """Queue ``seed`` for initialisation, paying for a lazy call only when needed.
 
         Each lazy call formats a stack trace (and torch_npu appends it to a
-        list that only initialisation empties), so skip the call when the
-        queue still ends with this source's own seed of the same value.
+        list that only initialisation empties). So when the queue still ends
+        with this source's own seed of the same value, nothing is queued; and
+        a seed queued before (then taken back out on a block's exit) is put
+        back by re-appending the entry that call made, not by a new call.
         """
+        before = _QueueMark.take(self.module)
         if self._queued is not None:
             mark, queued_seed = self._queued
-            if (
-                queued_seed == seed
-                and mark is not None
-                and mark.same_as(_QueueMark.take(self.module))
-            ):
+            if queued_seed == seed and mark is not None and mark.same_as(before):
                 return
+        entry = self._entries.get(seed)
+        if before is not None and entry is not None and before.append(entry):
+            self._queued = (_QueueMark.take(self.module), seed)
+            return
         self._seed_all(seed)
-        self._queued = (_QueueMark.take(self.module), seed)
+        after = _QueueMark.take(self.module)
+        self._queued = (after, seed)
+        if before is not None and after is not None:
+            added = before.added_by(after)
+            if added is not None:
+                if len(self._entries) >= _REMEMBERED_SEEDS:
+                    self._entries.pop(next(iter(self._entries)))
+                self._entries[seed] = added
 
 
 def _takes_device_argument(get_rng_state: Callable[..., Any]) -> bool:

@@ -111,13 +111,21 @@ class _Options:
             by_name[name].validate(setting)
         self.settings = settings
 
-    def apply(self, sources: list[tuple[str, RNGSource]], seed: int) -> Run:
-        """Seed every source with ``seed`` and set every switch."""
+    def apply(
+        self, sources: list[tuple[str, RNGSource]], seed: int, snapshot: Snapshot | None = None
+    ) -> Run:
+        """Seed every source with ``seed`` and set every switch.
+
+        ``snapshot``, if given, was captured just before: its switch values are
+        reused instead of being read again.
+        """
         for _, source in sources:
             source.seed(seed)
         applied = []
-        for switch in _SWITCHES:
-            description = switch.apply(self.settings[switch.name], seed)
+        saved = snapshot.switches if snapshot is not None else None
+        for index, switch in enumerate(_SWITCHES):
+            current = saved[index][1] if saved is not None else switch.capture()
+            description = switch.apply(self.settings[switch.name], seed, current)
             if description is not None:
                 applied.append(description)
         run = Run(seed, tuple(name for name, _ in sources), tuple(applied))
@@ -220,7 +228,7 @@ class deterministic:
             sources = active_sources()
             snapshot = Snapshot.capture(sources)
             try:
-                run = self._options.apply(sources, seed)
+                run = self._options.apply(sources, seed, snapshot)
             except BaseException:
                 snapshot.restore()
                 raise

@@ -14,6 +14,8 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 
+from detctx._numpy_state import restore_random_state
+
 __all__ = [
     "RNGSource",
     "register_source",
@@ -55,19 +57,29 @@ class PythonRandomSource:
 
 
 class NumpyRandomStateSource:
-    """A legacy ``np.random.RandomState``; by default NumPy's global one."""
+    """A legacy ``np.random.RandomState``; by default NumPy's global one.
+
+    The global one is looked up on first use: ``import numpy`` does not load
+    ``numpy.random``, and importing detctx should not either.
+    """
 
     def __init__(self, rng: np.random.RandomState | None = None) -> None:
-        self._rng: Any = rng if rng is not None else np.random
+        self._rng = rng
+
+    def _target(self) -> np.random.RandomState:
+        if self._rng is None:
+            # np.random.seed/get_state/set_state are this object's bound methods.
+            self._rng = np.random.mtrand._rand
+        return self._rng
 
     def capture(self) -> Any:
-        return self._rng.get_state()
+        return self._target().get_state()
 
     def restore(self, state: Any) -> None:
-        self._rng.set_state(state)
+        restore_random_state(self._target(), state)
 
     def seed(self, seed: int) -> None:
-        self._rng.seed(seed)
+        self._target().seed(seed)
 
 
 class NumpyGeneratorSource:
@@ -134,6 +146,12 @@ _BUILTIN: dict[str, RNGSource] = {
     "torch": TorchGeneratorSource(),
 }
 _registry: dict[str, RNGSource] = dict(_BUILTIN)
+_version = 0
+
+
+def registry_version() -> int:
+    """A number that changes whenever a source is registered or unregistered."""
+    return _version
 
 
 def register_source(name: str, source: object) -> None:
@@ -152,17 +170,21 @@ def register_source(name: str, source: object) -> None:
 
     if name in _registry or is_accelerator_name(name):
         raise ValueError(f"an RNG source named {name!r} is already registered")
+    global _version
     _registry[name] = adapted
+    _version += 1
 
 
 def unregister_source(name: str) -> None:
     """Stop managing the source registered as ``name``. Built-in sources stay."""
     if name in _BUILTIN:
         raise ValueError(f"{name!r} is a built-in source and cannot be unregistered")
+    global _version
     try:
         del _registry[name]
     except KeyError:
         raise KeyError(f"no RNG source named {name!r} is registered") from None
+    _version += 1
 
 
 def registered_sources() -> Iterator[tuple[str, RNGSource]]:

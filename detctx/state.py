@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from array import array
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -10,19 +11,36 @@ import numpy as np
 import torch
 
 from detctx.accelerators import Uninitialised, active_accelerators
-from detctx.sources import RNGSource, registered_sources
+from detctx.sources import RNGSource, registered_sources, registry_version
 
 __all__ = ["RNGState", "active_sources", "capture", "fingerprint"]
 
 
+_active_cache: tuple[int, object, list[tuple[str, RNGSource]]] | None = None
+
+
 def active_sources() -> list[tuple[str, RNGSource]]:
-    """Every source a block manages now: built-ins, available accelerators, user sources."""
+    """Every source a block manages now: built-ins, available accelerators, user sources.
+
+    The list is cached until a source is (un)registered or the accelerators
+    change; callers must not modify it.
+    """
+    global _active_cache
+    accelerators = active_accelerators()
+    version = registry_version()
+    if (
+        _active_cache is not None
+        and _active_cache[0] == version
+        and _active_cache[1] is accelerators
+    ):
+        return _active_cache[2]
     found: list[tuple[str, RNGSource]] = []
     user: list[tuple[str, RNGSource]] = []
     for name, source in registered_sources():
         (found if name in ("python", "numpy", "torch") else user).append((name, source))
-    found.extend((acc.device_type, acc) for acc in active_accelerators())
+    found.extend((acc.device_type, acc) for acc in accelerators)
     found.extend(user)
+    _active_cache = (version, accelerators, found)
     return found
 
 
@@ -97,6 +115,16 @@ def fingerprint() -> str:
     return RNGState.capture().fingerprint()
 
 
+def _pack_ints(values: tuple[Any, ...] | list[Any]) -> bytes | None:
+    """Non-negative 64-bit ints packed in one call (Python's random state is 625 of them)."""
+    if not values or type(values[0]) is not int:
+        return None
+    try:
+        return b"I%d" % len(values) + array("Q", values).tobytes()
+    except (TypeError, OverflowError):
+        return None
+
+
 def _feed(digest: Any, value: Any) -> None:
     """Hash ``value`` canonically: the same value always gives the same bytes."""
     if isinstance(value, torch.Tensor):
@@ -105,6 +133,8 @@ def _feed(digest: Any, value: Any) -> None:
     elif isinstance(value, np.ndarray):
         digest.update(b"A" + str(value.dtype).encode())
         digest.update(np.ascontiguousarray(value).tobytes())
+    elif isinstance(value, (tuple, list)) and (packed := _pack_ints(value)) is not None:
+        digest.update(packed)
     elif isinstance(value, (tuple, list)):
         digest.update(b"(%d" % len(value))
         for item in value:

@@ -38,8 +38,11 @@ class Switch(Protocol):
 
     def capture(self) -> Any: ...
 
-    def apply(self, setting: Any, seed: int) -> str | None:
-        """Set the switch; return a short description for the log, or None if left alone."""
+    def apply(self, setting: Any, seed: int, current: Any) -> str | None:
+        """Set the switch; return a short description for the log, or None if left alone.
+
+        ``current`` is what ``capture()`` returned just before (saves reading it twice).
+        """
 
     def restore(self, saved: Any) -> None: ...
 
@@ -82,15 +85,11 @@ class AlgorithmsSwitch:
             fill,
         )
 
-    def apply(self, setting: Any, seed: int) -> str | None:
+    def apply(self, setting: Any, seed: int, current: Any) -> str | None:
         if setting is False:
             return None
         warn_only = setting == "warn"
-        before = (
-            torch.are_deterministic_algorithms_enabled(),
-            torch.is_deterministic_algorithms_warn_only_enabled(),
-        )
-        if before != (True, warn_only) and self._npu_initialized():
+        if current[:2] != (True, warn_only) and self._npu_initialized():
             warnings.warn(
                 "torch.use_deterministic_algorithms was changed after the NPU was initialised; "
                 "Ascend reads the deterministic state once per thread, at the first op launch "
@@ -105,8 +104,20 @@ class AlgorithmsSwitch:
 
     def restore(self, saved: Any) -> None:
         enabled, warn_only, fill = saved
-        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
-        if self._fill is not None and fill is not None:
+        # The first call in a process imports torch._inductor (seconds on torch 2.13):
+        # skip it when nothing changed, e.g. with algorithms=False.
+        now = (
+            torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled(),
+        )
+        if now != (enabled, warn_only):
+            torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+        # Written through torch's config module: slow, so only when it changed.
+        if (
+            self._fill is not None
+            and fill is not None
+            and self._fill.fill_uninitialized_memory != fill
+        ):
             self._fill.fill_uninitialized_memory = fill
 
 
@@ -122,7 +133,7 @@ class CudnnSwitch:
         cudnn = torch.backends.cudnn
         return (cudnn.deterministic, cudnn.benchmark)
 
-    def apply(self, setting: Any, seed: int) -> str | None:
+    def apply(self, setting: Any, seed: int, current: Any) -> str | None:
         if not setting:
             return None
         torch.backends.cudnn.deterministic = True
@@ -164,12 +175,11 @@ class EnvSwitch:
     def capture(self) -> Any:
         return os.environ.get(self.variable)
 
-    def apply(self, setting: Any, seed: int) -> str | None:
+    def apply(self, setting: Any, seed: int, current: Any) -> str | None:
         if setting is False:
             return None
         value = self.values[setting]
         wanted = value(seed) if callable(value) else value
-        current = os.environ.get(self.variable)
         if current is not None and current.strip().lower() in self.keep | {wanted.lower()}:
             return f"{self.variable}={current}"
         if current != wanted:

@@ -33,10 +33,22 @@ _current = 0
 init_count = 0  # how many times the device was initialised (tests assert on it)
 
 
-def install(device_count: int = 2) -> None:
-    """Register this module as ``torch.npu``, with ``device_count`` devices."""
-    global _device_count
+_lazy_seed_tracker: Any = None
+
+
+def install(device_count: int = 2, *, seed_tracker: bool = False) -> None:
+    """Register this module as ``torch.npu``, with ``device_count`` devices.
+
+    ``seed_tracker=True`` queues ``manual_seed*`` the way torch.cuda and
+    torch.xpu do (a tracker keeping only the latest seed, run after the other
+    queued calls) instead of torch_npu's plain list.
+    """
+    global _device_count, _lazy_seed_tracker
     _device_count = device_count
+    if seed_tracker:
+        from torch._utils import _LazySeedTracker
+
+        _lazy_seed_tracker = _LazySeedTracker()
     torch.utils.rename_privateuse1_backend("npu")
     torch._register_device_module("npu", sys.modules[__name__])
 
@@ -76,6 +88,8 @@ def _lazy_init() -> None:
     _initialized = True
     init_count += 1
     calls = list(_queued_calls)
+    if _lazy_seed_tracker is not None:
+        calls.extend(call for call in _lazy_seed_tracker.get_calls() if call)
     _queued_calls.clear()
     for call, _trace in calls:
         call()
@@ -84,9 +98,11 @@ def _lazy_init() -> None:
 init = _lazy_init
 
 
-def _lazy_call(callable: Callable[[], None]) -> None:
+def _lazy_call(callable: Callable[[], None], seed_all: bool = False) -> None:
     if _initialized:
         callable()
+    elif seed_all and _lazy_seed_tracker is not None:
+        _lazy_seed_tracker.queue_seed_all(callable, traceback.format_stack())
     else:
         _queued_calls.append((callable, traceback.format_stack()))
 
@@ -130,7 +146,7 @@ def manual_seed_all(seed: int) -> None:
         for generator in default_generators:
             generator.manual_seed(seed)
 
-    _lazy_call(cb)
+    _lazy_call(cb, seed_all=True)
 
 
 def initial_seed() -> int:

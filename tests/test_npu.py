@@ -6,6 +6,7 @@ through the same device-module lookup it uses for CUDA.
 
 from __future__ import annotations
 
+import pytest
 from conftest import run_python
 
 
@@ -116,6 +117,37 @@ def test_blocks_on_an_unused_npu_leave_its_lazy_queue_as_it_was() -> None:
         # ... and after all that the device still starts from the last seed the program set.
         first = sim.rand(3, 0)
         assert torch.equal(first, torch.rand(3, generator=torch.Generator().manual_seed(9)))
+        print("ok")
+        """
+    )
+    assert out.strip() == "ok"
+
+
+@pytest.mark.parametrize("seed_tracker", [False, True], ids=["torch_npu-queue", "cuda-tracker"])
+def test_repeated_blocks_on_an_unused_npu_make_one_lazy_call_in_all(seed_tracker: bool) -> None:
+    out = run_python(
+        f"""
+        import traceback
+        import simulated_npu as sim
+        sim.install(2, seed_tracker={seed_tracker})
+        import torch, detctx
+
+        torch.manual_seed(5)
+        traces = []
+        real = traceback.format_stack
+        traceback.format_stack = lambda *a, **k: traces.append(1) or real(*a, **k)
+        for _ in range(100):
+            with detctx.deterministic(seed=0):      # the eval pass: a seed unlike the outer one
+                pass
+        assert len(traces) == 1, len(traces)
+        # Only torch.manual_seed(5)'s entry is queued (in the tracker, if there is one).
+        assert len(sim._queued_calls) == (0 if {seed_tracker} else 1)
+        with detctx.deterministic(seed=0):
+            inside = sim.rand(3, 1)                  # first use, inside a block: seeded with 0
+        traceback.format_stack = real
+        seeded = lambda s: torch.Generator().manual_seed(s)
+        assert torch.equal(inside, torch.rand(3, generator=seeded(0)))
+        assert torch.equal(sim.rand(3, 0), torch.rand(3, generator=seeded(5)))
         print("ok")
         """
     )
