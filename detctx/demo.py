@@ -124,8 +124,11 @@ def _cell(reference: float, value: float) -> str:
     return "=" if _same(reference, value) else str(np.float32(value))
 
 
-def main(out: IO[str] = sys.stdout, progress: IO[str] = sys.stderr) -> int:
-    """Run the demo; 0 when the two detctx runs agree bit for bit, 1 otherwise."""
+def main(out: IO[str] | None = None, progress: IO[str] | None = None) -> int:
+    """Run the demo (table to ``out``, default stdout; progress to ``progress``, default
+    stderr); 0 when the two detctx runs agree bit for bit, 1 otherwise."""
+    out = sys.stdout if out is None else out
+    progress = sys.stderr if progress is None else progress
     started = time.monotonic()
     scenarios: list[tuple[str, Callable[[], list[float]]]] = [
         ("run 1", lambda: _in_block(scoped_eval=True)),

@@ -94,11 +94,11 @@ def run_command(
     *,
     log_path: Path | None = None,
     echo: bool = False,
-    progress: IO[str] = sys.stderr,
+    progress: IO[str] | None = None,
 ) -> Curve:
     """Run ``command`` to the end, reading the metric curve from its stdout and stderr.
 
-    Progress (metric values so far, the latest one) goes to ``progress``;
+    Progress (metric values so far, the latest one) goes to ``progress`` (stderr);
     ``echo`` copies the command's output to stdout; ``log_path`` keeps it.
     Raises :class:`RunFailed` if it exits with a non-zero status and
     :class:`~detctx.errors.MetricsError` if it cannot be started.
@@ -116,7 +116,7 @@ def run_command(
     except OSError as exc:
         raise MetricsError(f"cannot run {command[0]}: {exc.strerror or exc}") from None
     now = time.monotonic()
-    tracker = _Progress(label, progress, now, now)
+    tracker = _Progress(label, sys.stderr if progress is None else progress, now, now)
     points: list[Point] = []
     tail: list[str] = []
     log = open(log_path, "w", encoding="utf-8") if log_path is not None else None
