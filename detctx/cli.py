@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -150,7 +151,7 @@ def _run(
         seed = DEFAULT_SEED
     env = determinism_env(seed, os.environ)
     shown = " ".join(f"{name}={env[name]}" for name in determinism_variables())
-    sys.stderr.write(f"detctx run: {args.runs} runs of {' '.join(command)}\n  with {shown}\n")
+    sys.stderr.write(f"detctx run: {args.runs} runs of {shlex.join(command)}\n  with {shown}\n")
     curves = []
     for index in range(1, args.runs + 1):
         curve = run_command(

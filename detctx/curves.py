@@ -242,26 +242,26 @@ def _where(curves: Sequence[Curve], index: int) -> str:
 
 
 def _table(curves: Sequence[Curve], start: int, stop: int) -> str:
-    names = [curve.name for curve in curves]
-    widths = [max(len(name), 12) for name in names]
-    header = "  point  " + "  ".join(name.ljust(w) for name, w in zip(names, widths))
-    rows = [header]
     reference = curves[0].points
-    for index in range(start, stop):
-        cells = []
-        for curve, width in zip(curves, widths):
+    columns = []
+    for curve in curves:
+        cells = [curve.name]
+        for index in range(start, stop):
             if index >= len(curve.points):
-                cells.append("-".ljust(width))
+                cells.append("-")
                 continue
             point = curve.points[index]
-            mark = ""
-            if curve is not curves[0]:
-                same = index < len(reference) and same_value(reference[index].value, point.value)
-                mark = "" if same else " *"
-            cells.append((point.text + mark).ljust(width))
-        rows.append(f"  {index + 1:>5}  " + "  ".join(cells).rstrip())
+            same = index < len(reference) and same_value(reference[index].value, point.value)
+            cells.append(point.text + ("" if same else " *"))
+        columns.append(cells)
+    widths = [max(len(cell) for cell in cells) for cells in columns]
+    labels = ["point", *(str(index + 1) for index in range(start, stop))]
+    rows = [
+        f"  {label:>5}  " + "  ".join(cells[row].ljust(w) for cells, w in zip(columns, widths))
+        for row, label in enumerate(labels)
+    ]
     rows.append("  (* differs from the first curve)")
-    return "\n".join(rows)
+    return "\n".join(row.rstrip() for row in rows)
 
 
 def plot(comparison: Comparison, path: str | Path, what: str = "metric") -> None:

@@ -18,7 +18,6 @@ registered user source in the worker.
 
 from __future__ import annotations
 
-import operator
 import os
 import zlib
 from typing import Final
@@ -90,8 +89,8 @@ def seed_worker(worker_id: int, rank: int | None = None) -> None:
     rank=r)`` where the rank is known but not in the environment. Called
     outside a worker it uses ``torch.initial_seed()`` as the worker's seed.
     """
-    worker_id = _index(worker_id, "worker_id")
-    rank = current_rank() if rank is None else _index(rank, "rank")
+    worker_id = validate_seed(worker_id, "worker_id")
+    rank = current_rank() if rank is None else validate_seed(rank, "rank")
     info = torch.utils.data.get_worker_info()
     worker_seed = int(info.seed) if info is not None else torch.initial_seed()
     base_seed = worker_seed - worker_id
@@ -100,17 +99,3 @@ def seed_worker(worker_id: int, rank: int | None = None) -> None:
         key = zlib.crc32(name.encode())
         sequence = np.random.SeedSequence([base_seed, worker_id, rank], spawn_key=(key,))
         source.seed(int(sequence.generate_state(1, np.uint32)[0]))
-
-
-def _index(value: object, what: str) -> int:
-    if isinstance(value, bool):
-        raise TypeError(f"{what} must be a non-negative integer, not a bool")
-    try:
-        number = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError(
-            f"{what} must be a non-negative integer, not {type(value).__name__}"
-        ) from None
-    if number < 0:
-        raise ValueError(f"{what} must be a non-negative integer, got {number}")
-    return number

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -164,7 +165,7 @@ def run_command(
     if status != 0:
         shown = "\n".join(f"    {line}" for line in tail if line.strip())
         raise RunFailed(
-            f"{label} failed: {' '.join(command)} exited with status {status}; "
+            f"{label} failed: {shlex.join(command)} exited with status {status}; "
             f"its last lines:\n{shown}"
         )
     return Curve(label, tuple(points))

@@ -261,7 +261,7 @@ def test_accelerator_states_round_trip_initialised_or_not():
             buffer.seek(0)
             return torch.load(buffer, weights_only=True)
 
-        with detctx.deterministic(seed=5, algorithms=False):  # flags are not the point here
+        with detctx.deterministic(seed=5):
             pending = round_trip(detctx.capture())
         simulated_npu.rand(1, device=1)
         saved = round_trip(detctx.capture())

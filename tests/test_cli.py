@@ -258,3 +258,12 @@ def test_doctor_warns_about_hccl_only_where_it_matters():
     assert "CUBLAS_WORKSPACE_CONFIG" in warnings_for(cuda, NCCL_NVLS_ENABLE="0")
     assert warnings_for(cuda, NCCL_NVLS_ENABLE="0", CUBLAS_WORKSPACE_CONFIG=":16:8") == ""
     assert "NVLS" in warnings_for(cuda, CUBLAS_WORKSPACE_CONFIG=":4096:8")
+
+
+def test_plotting_without_matplotlib_says_what_to_install(tmp_path, capsys, monkeypatch):
+    log = megatron_log(tmp_path / "a.log", ["1.0"])
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
+
+    assert cli.main(["compare", str(log), str(log), "--plot", str(tmp_path / "p.png")]) == 2
+    assert "pip install 'detctx[plot]'" in capsys.readouterr().err
+    assert not (tmp_path / "p.png").exists()
