@@ -215,6 +215,8 @@ def _kinds_for(source: RNGSource) -> set[str]:
 
 def _decode_python(source: RNGSource, plain: Any) -> Any:
     internal = _tensor(plain["internal"], torch.int64)
+    if internal.shape != (625,):
+        raise ValueError(f"internal must hold 625 words, not {tuple(internal.shape)}")
     gauss_next = plain["gauss_next"]
     if gauss_next is not None and not isinstance(gauss_next, float):
         raise TypeError(f"gauss_next must be a float or None, not {type(gauss_next).__name__}")
@@ -223,6 +225,8 @@ def _decode_python(source: RNGSource, plain: Any) -> Any:
 
 def _decode_numpy_legacy(source: RNGSource, plain: Any) -> Any:
     key = _tensor(plain["key"], torch.int64).numpy().astype(np.uint32)
+    if key.shape != (624,):
+        raise ValueError(f"key must hold 624 words, not {key.shape}")
     return (
         str(plain["bit_generator"]),
         key,

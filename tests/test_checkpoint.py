@@ -231,7 +231,7 @@ def test_a_user_state_that_is_not_plain_data_asks_for_a_conversion():
 
 def test_a_truncated_python_state_is_reported_as_malformed():
     state_dict = detctx.capture().state_dict()
-    state_dict["sources"]["python"]["state"]["internal"] = [1, 2, 3]
+    state_dict["sources"]["python"]["state"]["internal"] = torch.arange(3)
 
     with pytest.raises(detctx.CheckpointError, match="'python' state for source 'python'"):
         detctx.RNGState.from_state_dict(state_dict)
