@@ -269,6 +269,10 @@ class AcceleratorSource:
         count = getattr(self.module, "device_count", None)
         return int(count()) if count is not None else 1
 
+    def state_count(self) -> int:
+        """How many per-device states ``capture`` returns for an initialised device type."""
+        return self.device_count() if self._indexed else 1
+
     def capture(self) -> Any:
         if not self.is_initialized():
             return Uninitialised(

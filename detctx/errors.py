@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 __all__ = [
+    "CheckpointError",
     "DetctxError",
     "DeterminismWarning",
+    "MetricsError",
+    "MissingDependencyError",
+    "NotReproducibleError",
     "OutOfOrderExitError",
 ]
 
@@ -27,3 +31,57 @@ class OutOfOrderExitError(DetctxError, RuntimeError):
 
 class DeterminismWarning(UserWarning):
     """A determinism switch could not take (full) effect; the message says what to do."""
+
+
+class CheckpointError(DetctxError, ValueError):
+    """A saved RNG state dict cannot be brought back in this process.
+
+    The message names the source and the reason: a dict from another
+    format version, a source saved but not registered here (register it
+    before restoring), a source registered here but absent from the dict
+    (pass ``strict=False`` to leave it alone), or a state that does not match
+    the source it is meant for.
+    """
+
+
+class NotReproducibleError(DetctxError, AssertionError):
+    """Runs that should have been identical were not.
+
+    Raised by :func:`detctx.check_reproducible` and
+    :func:`detctx.check_gradients`. ``path`` names the first differing leaf
+    (``result["logits"][3]``), ``run`` the run that differed from the first
+    (1-based), ``mismatched`` / ``total`` how many elements of that leaf
+    differ, and ``max_abs_diff`` the largest absolute difference among them
+    (``None`` when it has no meaning, as for differing types or shapes).
+    When every result agrees but the runs left the RNGs in different states,
+    ``path`` is ``None`` and ``sources`` names the RNG sources that differ.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | None = None,
+        run: int = 2,
+        mismatched: int = 0,
+        total: int = 0,
+        max_abs_diff: float | None = None,
+        sources: tuple[str, ...] = (),
+    ) -> None:
+        super().__init__(message)
+        self.path = path
+        self.run = run
+        self.mismatched = mismatched
+        self.total = total
+        self.max_abs_diff = max_abs_diff
+        self.sources = sources
+
+
+class MetricsError(DetctxError, ValueError):
+    """No metric curve could be read: a log file is missing or unreadable, or no
+    line matched the metric pattern (pass ``--pattern`` with a group around
+    the number)."""
+
+
+class MissingDependencyError(DetctxError, ImportError):
+    """An optional dependency is not installed; the message names the extra to install."""

@@ -10,10 +10,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from detctx import checkpoint
 from detctx.accelerators import Uninitialised, active_accelerators
 from detctx.sources import RNGSource, registered_sources, registry_version
 
-__all__ = ["RNGState", "active_sources", "capture", "fingerprint"]
+__all__ = ["RNGState", "active_sources", "capture", "fingerprint", "restore"]
 
 
 _active_cache: tuple[int, object, list[tuple[str, RNGSource]]] | None = None
@@ -79,6 +80,29 @@ class RNGState(Mapping[str, Any]):
         if first_error is not None:
             raise first_error
 
+    def state_dict(self) -> dict[str, Any]:
+        """The captured states as plain data for a checkpoint.
+
+        Tensors, ints, floats, strings, ``None``, lists and dicts only, so
+        ``torch.save`` then ``torch.load(..., weights_only=True)`` round-trips
+        it. A device type that was not initialised is stored as the seed
+        pending for it. See :mod:`detctx.checkpoint` for each source's layout.
+        """
+        return checkpoint.encode(self._sources, self._states)
+
+    @classmethod
+    def from_state_dict(cls, state_dict: Mapping[str, Any], *, strict: bool = True) -> RNGState:
+        """The state a :meth:`state_dict` describes, bound to this process's sources.
+
+        Restores nothing by itself; call :meth:`restore`. Raises
+        :class:`~detctx.errors.CheckpointError` (before any RNG is touched)
+        for a dict of another format version, a source in the dict that is
+        not registered here, a state that does not fit its source and, with
+        ``strict`` (the default), a source managed here that the dict lacks.
+        """
+        sources, states = checkpoint.decode(state_dict, active_sources(), strict=strict)
+        return cls(sources, states)
+
     def fingerprint(self) -> str:
         """A 16-hex-digit digest of the captured states (equal digests: equal states)."""
         digest = hashlib.blake2b(digest_size=8)
@@ -108,6 +132,17 @@ def capture() -> RNGState:
     accelerator, registered sources) without changing any of them, and
     without initialising a device the program has not used."""
     return RNGState.capture()
+
+
+def restore(state: RNGState | Mapping[str, Any], *, strict: bool = True) -> None:
+    """Put every RNG back into ``state``: an :class:`RNGState` or its ``state_dict()``.
+
+    A state dict is checked in full first (see :meth:`RNGState.from_state_dict`),
+    so a bad one raises :class:`~detctx.errors.CheckpointError` with nothing changed.
+    """
+    if not isinstance(state, RNGState):
+        state = RNGState.from_state_dict(state, strict=strict)
+    state.restore()
 
 
 def fingerprint() -> str:

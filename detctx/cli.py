@@ -1,0 +1,176 @@
+"""The ``detctx`` command: ``doctor``, ``run``, ``compare`` and ``demo``.
+
+Exit status: 0 when the curves agree (and for ``doctor``), 1 when they
+differ, 2 on bad usage or when the curves could not be read (a missing file,
+a log without metric lines, a command that failed). Expected failures are
+one line on stderr, ``detctx: error: ...``, not a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from detctx.curves import (
+    Comparison,
+    compare,
+    compile_pattern,
+    describe,
+    load_pyplot,
+    no_points_message,
+    plot,
+    read_log,
+)
+from detctx.errors import DetctxError, MetricsError
+from detctx.seeds import DEFAULT_SEED, SEED_ENV, resolve_seed, validate_seed
+
+__all__ = ["main"]
+
+AGREE, DIFFER, USAGE = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        self.exit(USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="detctx",
+        description="Prove PyTorch runs reproduce: check the environment, run a command "
+        "twice and compare its loss curves, compare two logs.",
+        epilog="Exit status: 0 agree, 1 differ, 2 bad usage or unreadable curves.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    commands.required = True
+
+    doctor = commands.add_parser(
+        "doctor", help="versions, devices, determinism flags and variables, warnings"
+    )
+    doctor.add_argument("--json", action="store_true", help="print the report as JSON")
+
+    curve_options = _Parser(add_help=False)
+    curve_options.add_argument(
+        "--pattern",
+        metavar="RE",
+        help="regex for the metric; the number is the group named 'value', else group 1, "
+        "else the whole match (default: the training loss of Megatron/MindSpeed, "
+        "Lightning, HF Trainer and plain 'loss: x' lines)",
+    )
+    curve_options.add_argument(
+        "--plot", metavar="FILE.png", type=Path, help="write the curves and their difference"
+    )
+
+    run = commands.add_parser(
+        "run",
+        parents=[curve_options],
+        help="run a command several times with the determinism environment; compare curves",
+        usage="detctx run [-n N] [--seed S] [--pattern RE] [--plot FILE.png] "
+        "[--log-dir DIR] [-v] -- CMD ...",
+    )
+    run.add_argument("-n", "--runs", type=int, default=2, help="how many runs (default 2)")
+    run.add_argument(
+        "--seed",
+        type=int,
+        help=f"the seed for every run (default ${SEED_ENV}, else {DEFAULT_SEED})",
+    )
+    run.add_argument("--log-dir", type=Path, help="keep each run's output as DIR/runN.log")
+    run.add_argument("-v", "--verbose", action="store_true", help="show the command's output")
+    run.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
+
+    compare_ = commands.add_parser(
+        "compare", parents=[curve_options], help="compare the curves of two logs"
+    )
+    compare_.add_argument("logs", nargs=2, type=Path, metavar="LOG")
+
+    commands.add_parser("demo", help="train a small model twice and show the curves agree")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``detctx`` command line; returns the exit status."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "doctor":
+            return _doctor(args)
+        if args.command == "demo":
+            from detctx import demo
+
+            return demo.main()
+        pattern = compile_pattern(args.pattern)
+        if args.plot is not None:
+            load_pyplot()
+        if args.command == "compare":
+            curves = [read_log(path, pattern) for path in args.logs]
+            return _report(compare(curves), args.plot)
+        return _run(parser, args, pattern)
+    except (DetctxError, ValueError, OSError) as exc:
+        sys.stderr.write(f"detctx: error: {exc}\n")
+        return USAGE
+    except KeyboardInterrupt:
+        sys.stderr.write("detctx: interrupted\n")
+        return 130
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from detctx.doctor import diagnose
+
+    diagnosis = diagnose(read_device_names=True)
+    if args.json:
+        print(json.dumps(diagnosis.as_dict(), indent=2, default=str))
+    else:
+        print(diagnosis.format())
+    return AGREE
+
+
+def _run(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, pattern: re.Pattern[str]
+) -> int:
+    from detctx.runner import determinism_env, determinism_variables, log_file, run_command
+
+    command = list(args.cmd)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        parser.error("run needs a command after --, e.g. detctx run -- python train.py")
+    if args.runs < 2:
+        parser.error(f"-n must be at least 2 to compare anything, got {args.runs}")
+    if args.seed is not None:
+        seed = validate_seed(args.seed, "--seed")
+    elif os.environ.get(SEED_ENV, "").strip():
+        seed = resolve_seed(None)
+    else:
+        seed = DEFAULT_SEED
+    env = determinism_env(seed, os.environ)
+    shown = " ".join(f"{name}={env[name]}" for name in determinism_variables())
+    sys.stderr.write(f"detctx run: {args.runs} runs of {shlex.join(command)}\n  with {shown}\n")
+    curves = []
+    for index in range(1, args.runs + 1):
+        curve = run_command(
+            command,
+            env,
+            pattern,
+            f"run {index}",
+            log_path=log_file(args.log_dir, index),
+            echo=args.verbose,
+        )
+        if not curve.points:
+            raise MetricsError(no_points_message(f"the output of run {index}", pattern))
+        curves.append(curve)
+    return _report(compare(curves), args.plot)
+
+
+def _report(comparison: Comparison, plot_path: Path | None) -> int:
+    print(describe(comparison))
+    if plot_path is not None:
+        plot(comparison, plot_path)
+        print(f"plot written to {plot_path}")
+    return AGREE if comparison.agree else DIFFER
