@@ -8,7 +8,22 @@ from __future__ import annotations
 
 from detctx.accelerators import register_accelerator
 from detctx.context import Run, Snapshot, deterministic, seed_all
-from detctx.errors import DetctxError, DeterminismWarning, OutOfOrderExitError
+from detctx.distributed import (
+    DistributedRun,
+    agree_seed,
+    collective_device,
+    distributed_deterministic,
+    group_seed,
+    prepare_environment,
+    verify_across_ranks,
+)
+from detctx.errors import (
+    DetctxError,
+    DeterminismWarning,
+    OutOfOrderExitError,
+    RankDivergenceError,
+    SeedMismatchError,
+)
 from detctx.seeds import DEFAULT_SEED, SEED_ENV, derive_seed
 from detctx.sources import RNGSource, register_source, unregister_source
 from detctx.state import RNGState, capture, fingerprint
@@ -20,18 +35,27 @@ __all__ = [
     "SEED_ENV",
     "DetctxError",
     "DeterminismWarning",
+    "DistributedRun",
     "OutOfOrderExitError",
     "RNGSource",
     "RNGState",
+    "RankDivergenceError",
     "Run",
+    "SeedMismatchError",
     "Snapshot",
     "__version__",
+    "agree_seed",
     "capture",
+    "collective_device",
     "derive_seed",
     "deterministic",
+    "distributed_deterministic",
     "fingerprint",
+    "group_seed",
+    "prepare_environment",
     "register_accelerator",
     "register_source",
     "seed_all",
     "unregister_source",
+    "verify_across_ranks",
 ]
