@@ -1,18 +1,20 @@
 """One rank of the multi-process scenarios in ``test_distributed.py``.
 
-Started by the test as ``python distributed_worker.py PORT [train]`` with
-``RANK`` and ``WORLD_SIZE`` set; joins a gloo group on loopback through the
-test's TCP store, runs every scenario once, prints one JSON line with what it
-saw and leaves the group.
+Started by the test as ``python distributed_worker.py PORT WORLD_SIZE OUT_DIR [train]``:
+forks one process per rank; each joins a gloo group on loopback through the
+test's TCP store (with ``DETCTX_SEED=1000+rank``), runs every scenario once,
+writes what it saw to ``OUT_DIR/rank<r>.json`` and leaves the group.
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import random
 import sys
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -135,9 +137,8 @@ def train(rank: int, world: int) -> dict[str, Any]:
     return {"losses": losses, "weights": weights}
 
 
-def main() -> None:
-    port = int(sys.argv[1])
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+def run_rank(rank: int, world: int, port: int, out_dir: str, train_too: bool) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), DETCTX_SEED=str(1000 + rank))
     timeout = timedelta(seconds=60)
     store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=timeout)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
@@ -148,11 +149,30 @@ def main() -> None:
             "streams": streams(rank, world),
             "divergence": divergence(rank, world),
         }
-        if "train" in sys.argv[2:]:
+        if train_too:
             result["train"] = train(rank, world)
     finally:
         dist.destroy_process_group()
-    print(json.dumps(result), flush=True)
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+
+
+def main() -> None:
+    port, world, out_dir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    train_too = "train" in sys.argv[4:]
+    # What the first use_deterministic_algorithms() imports (seconds of CPU): import it
+    # once here, so the forked ranks do not each pay for it on two cores.
+    import torch._inductor.config  # noqa: F401
+
+    context = multiprocessing.get_context("fork")
+    ranks = [
+        context.Process(target=run_rank, args=(rank, world, port, out_dir, train_too))
+        for rank in range(world)
+    ]
+    for process in ranks:
+        process.start()
+    for process in ranks:
+        process.join()
+    sys.exit(max(abs(process.exitcode or 0) for process in ranks))
 
 
 if __name__ == "__main__":

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
-import time
 import warnings
 from collections.abc import Iterator
 from datetime import timedelta
@@ -41,40 +42,32 @@ LAUNCH_TIMEOUT_S = 150
 
 
 def launch(world_size: int, *options: str) -> list[dict[str, Any]]:
-    """Run ``distributed_worker.py`` on ``world_size`` ranks; each rank's JSON, by rank.
+    """Run ``distributed_worker.py`` on ``world_size`` ranks; each rank's results, by rank.
 
     The TCP store lives here, on a port the OS picks, so concurrent launches
     cannot collide; every rank is killed if the launch outlives its timeout.
     """
     store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
-    processes = []
-    for rank in range(world_size):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world_size), OMP_NUM_THREADS="1")
-        env["DETCTX_SEED"] = str(1000 + rank)
-        processes.append(
-            subprocess.Popen(
-                [sys.executable, str(WORKER), str(store.port), *options],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
+    with tempfile.TemporaryDirectory() as out_dir:
+        command = [sys.executable, str(WORKER), str(store.port), str(world_size), out_dir]
+        launcher = subprocess.Popen(
+            [*command, *options],
+            env=dict(os.environ, OMP_NUM_THREADS="1"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
         )
-    outputs = []
-    deadline = time.monotonic() + LAUNCH_TIMEOUT_S
-    try:
-        for process in processes:
-            outputs.append(process.communicate(timeout=max(1.0, deadline - time.monotonic())))
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-    results = []
-    for rank, ((out, err), process) in enumerate(zip(outputs, processes)):
-        assert process.returncode == 0, f"rank {rank} failed:\n{err}"
-        results.append(json.loads(out.strip().splitlines()[-1]))
-    return results
+        try:
+            output, _ = launcher.communicate(timeout=LAUNCH_TIMEOUT_S)
+        finally:
+            if launcher.poll() is None:
+                os.killpg(launcher.pid, signal.SIGKILL)
+                launcher.wait()
+        assert launcher.returncode == 0, f"a rank failed:\n{output}"
+        return [
+            json.loads(Path(out_dir, f"rank{rank}.json").read_text()) for rank in range(world_size)
+        ]
 
 
 @pytest.fixture(scope="module")
