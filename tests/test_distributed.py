@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import textwrap
 import warnings
 from collections.abc import Iterator
 from datetime import timedelta
@@ -20,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import run_python
 
 import detctx
 from detctx import (
@@ -266,21 +266,9 @@ def test_run_derives_group_seeds_from_the_shared_seed() -> None:
 
 # --- environment and devices ---------------------------------------------------------------
 
-ENV_VARS = (
-    "HCCL_DETERMINISTIC",
-    "CUBLAS_WORKSPACE_CONFIG",
-    "CLOSE_MATMUL_K_SHIFT",
-    "FLASH_ATTENTION_DETERMINISTIC",
-    "PYTHONHASHSEED",
-    "DETCTX_SEED",
-)
 
-
-def test_prepare_environment_sets_variables_and_nothing_else(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    for name in ENV_VARS:
-        monkeypatch.delenv(name, raising=False)
+def test_prepare_environment_sets_variables_and_nothing_else() -> None:
+    # The autouse fixture in conftest.py starts each test with these variables unset.
     algorithms_before = torch.are_deterministic_algorithms_enabled()
     rng_before = detctx.fingerprint()
     applied = prepare_environment(seed=99, hccl="strict")
@@ -297,11 +285,7 @@ def test_prepare_environment_sets_variables_and_nothing_else(
     assert detctx.fingerprint() == rng_before
 
 
-def test_prepare_environment_without_seed_leaves_seed_variables_alone(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    for name in ENV_VARS:
-        monkeypatch.delenv(name, raising=False)
+def test_prepare_environment_without_seed_leaves_seed_variables_alone() -> None:
     applied = prepare_environment(cublas_workspace=False)
     assert applied == {
         "HCCL_DETERMINISTIC": "true",
@@ -311,10 +295,7 @@ def test_prepare_environment_without_seed_leaves_seed_variables_alone(
     assert "PYTHONHASHSEED" not in os.environ and "DETCTX_SEED" not in os.environ
 
 
-def test_prepare_environment_rejects_bad_options_before_setting_anything(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.delenv("HCCL_DETERMINISTIC", raising=False)
+def test_prepare_environment_rejects_bad_options_before_setting_anything() -> None:
     with pytest.raises(ValueError, match="hccl"):
         prepare_environment(hccl="1")  # "1" is not a documented HCCL_DETERMINISTIC value
     assert "HCCL_DETERMINISTIC" not in os.environ
@@ -346,9 +327,8 @@ def hccl_group(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def test_hccl_variable_set_after_the_group_exists_warns_how_to_set_it(
-    hccl_group: None, monkeypatch: pytest.MonkeyPatch
+    hccl_group: None,
 ) -> None:
-    monkeypatch.delenv("HCCL_DETERMINISTIC", raising=False)
     with pytest.warns(DeterminismWarning, match="export HCCL_DETERMINISTIC=true") as record:
         with distributed_deterministic(seed=3) as run:
             assert os.environ["HCCL_DETERMINISTIC"] == "true"
@@ -381,27 +361,18 @@ def test_nccl_without_cuda_says_which_devices_are_missing() -> None:
 
 
 def test_hccl_collectives_use_the_current_npu() -> None:
-    script = textwrap.dedent(
+    out = run_python(
         """
-        import sys
-        sys.path.insert(0, sys.argv[1])
+        import simulated_npu as sim
+        sim.install(2)
         import torch
-        import simulated_npu
         from detctx import collective_device
 
-        simulated_npu.install(2)
-        simulated_npu.set_device(1)
+        sim.set_device(1)
         assert collective_device("hccl") == torch.device("npu", 1), collective_device("hccl")
         assert collective_device("npu:hccl") == torch.device("npu", 1)
         assert collective_device("cpu:gloo,npu:hccl") == torch.device("cpu")
         print("ok")
         """
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script, str(Path(__file__).parent)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "ok"
+    assert out.strip() == "ok"
