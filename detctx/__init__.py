@@ -10,6 +10,15 @@ from detctx.accelerators import register_accelerator
 from detctx.checkpoint import PlainStateSource
 from detctx.context import Run, Snapshot, deterministic, seed_all
 from detctx.data import loader_generator, seed_worker
+from detctx.distributed import (
+    DistributedRun,
+    agree_seed,
+    collective_device,
+    distributed_deterministic,
+    group_seed,
+    prepare_environment,
+    verify_across_ranks,
+)
 from detctx.errors import (
     CheckpointError,
     DetctxError,
@@ -18,6 +27,8 @@ from detctx.errors import (
     MissingDependencyError,
     NotReproducibleError,
     OutOfOrderExitError,
+    RankDivergenceError,
+    SeedMismatchError,
 )
 from detctx.seeds import DEFAULT_SEED, SEED_ENV, derive_seed
 from detctx.sources import RNGSource, register_source, unregister_source
@@ -32,6 +43,7 @@ __all__ = [
     "CheckpointError",
     "DetctxError",
     "DeterminismWarning",
+    "DistributedRun",
     "MetricsError",
     "MissingDependencyError",
     "NotReproducibleError",
@@ -39,20 +51,28 @@ __all__ = [
     "PlainStateSource",
     "RNGSource",
     "RNGState",
+    "RankDivergenceError",
     "Run",
+    "SeedMismatchError",
     "Snapshot",
     "__version__",
+    "agree_seed",
     "capture",
     "check_gradients",
     "check_reproducible",
+    "collective_device",
     "derive_seed",
     "deterministic",
+    "distributed_deterministic",
     "fingerprint",
+    "group_seed",
     "loader_generator",
+    "prepare_environment",
     "register_accelerator",
     "register_source",
     "restore",
     "seed_all",
     "seed_worker",
     "unregister_source",
+    "verify_across_ranks",
 ]

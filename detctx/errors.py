@@ -10,6 +10,8 @@ __all__ = [
     "MissingDependencyError",
     "NotReproducibleError",
     "OutOfOrderExitError",
+    "RankDivergenceError",
+    "SeedMismatchError",
 ]
 
 
@@ -85,3 +87,38 @@ class MetricsError(DetctxError, ValueError):
 
 class MissingDependencyError(DetctxError, ImportError):
     """An optional dependency is not installed; the message names the extra to install."""
+
+
+class SeedMismatchError(DetctxError, ValueError):
+    """The ranks of a process group entered ``distributed_deterministic`` with different seeds.
+
+    Raised on every rank, with the same message, after one collective: no
+    rank is left waiting. ``seeds[r]`` is the seed group rank ``r`` passed
+    (``None`` where it passed ``seed=None``); ``per_rank[r]`` its ``per_rank``.
+    Pass the same seed on every rank, or ``seed=None`` everywhere to let the
+    source rank draw one and share it.
+    """
+
+    def __init__(
+        self, message: str, seeds: tuple[int | None, ...], per_rank: tuple[bool, ...]
+    ) -> None:
+        super().__init__(message)
+        self.seeds = seeds
+        self.per_rank = per_rank
+
+
+class RankDivergenceError(DetctxError, RuntimeError):
+    """The RNG states of some ranks differ from the rest of their process group.
+
+    Raised on every rank by ``verify_across_ranks``, with the same message.
+    ``divergent`` maps each group rank that differs from the majority to what
+    differs: source names (``"torch"``, ``"numpy"``, ...), ``"seed"`` (the
+    agreed seed), ``"derivation"`` (a per-rank seed not derived from the
+    shared one), ``"sources"`` (a different set of managed RNG sources) or
+    ``"block"`` (not inside the same kind of ``distributed_deterministic``
+    block).
+    """
+
+    def __init__(self, message: str, divergent: dict[int, tuple[str, ...]]) -> None:
+        super().__init__(message)
+        self.divergent = divergent

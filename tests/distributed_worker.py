@@ -1,0 +1,179 @@
+"""One rank of the multi-process scenarios in ``test_distributed.py``.
+
+Started by the test as ``python distributed_worker.py PORT WORLD_SIZE OUT_DIR [train]``:
+forks one process per rank; each joins a gloo group on loopback through the
+test's TCP store (with ``DETCTX_SEED=1000+rank``), runs every scenario once,
+writes what it saw to ``OUT_DIR/rank<r>.json`` and leaves the group.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import random
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import detctx
+from detctx import RankDivergenceError, SeedMismatchError, distributed_deterministic
+
+
+def draws() -> list[float]:
+    return [random.random(), float(np.random.rand()), *torch.rand(2).tolist()]
+
+
+def agreement(rank: int, world: int) -> dict[str, Any]:
+    # The launcher gives each rank a different DETCTX_SEED: the source rank's wins.
+    with distributed_deterministic(seed=None) as run:
+        from_rank0 = [run.seed, draws()]
+    with distributed_deterministic(seed=None, src=world - 1) as run:
+        from_last = [run.seed, draws()]
+    del os.environ["DETCTX_SEED"]
+    with distributed_deterministic() as run:
+        entropy = [run.seed, draws()]
+
+    @distributed_deterministic()
+    def decorated() -> list[float]:
+        return draws()
+
+    return {
+        "from_rank0": from_rank0,
+        "from_last": from_last,
+        "entropy": entropy,
+        "decorated": decorated(),
+    }
+
+
+def mismatches(rank: int, world: int) -> dict[str, Any]:
+    before = detctx.fingerprint()
+    seen = {}
+    for name, kwargs in {
+        "last_rank_differs": {"seed": 100 + (rank == world - 1)},
+        "none_vs_explicit": {"seed": None if rank == 0 else 5},
+        "per_rank_differs": {"seed": 5, "per_rank": rank == 1},
+    }.items():
+        try:
+            with distributed_deterministic(**kwargs):
+                seen[name] = "entered"
+        except SeedMismatchError as exc:
+            seen[name] = {"message": str(exc), "seeds": list(exc.seeds)}
+    seen["state_untouched"] = detctx.fingerprint() == before
+    return seen
+
+
+def streams(rank: int, world: int) -> dict[str, Any]:
+    with distributed_deterministic(seed=1234) as run:
+        shared = draws()
+        detctx.verify_across_ranks()
+    with distributed_deterministic(seed=1234, per_rank=True) as run:
+        per_rank = draws()
+        # Each rank draws a different amount: per-rank states are not compared.
+        torch.rand(rank + 1)
+        detctx.verify_across_ranks()
+    return {
+        "shared": shared,
+        "per_rank": per_rank,
+        "per_rank_seed": run.seed,
+        "expected_seed": detctx.derive_seed(1234, rank),
+        "run": [run.shared_seed, run.rank, run.world_size],
+    }
+
+
+def divergence(rank: int, world: int) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    with distributed_deterministic(seed=7):
+        torch.rand(2)
+        if rank == world - 1:
+            torch.rand(1)  # one rank consumes extra randomness
+        if rank == 1 and world > 2:
+            np.random.rand()
+        try:
+            detctx.verify_across_ranks()
+            seen["caught"] = None
+        except RankDivergenceError as exc:
+            seen["caught"] = {"divergent": exc.divergent, "message": str(exc)}
+    before = detctx.fingerprint()
+    try:
+        with distributed_deterministic(seed=7, verify=True):
+            if rank == 0:
+                random.random()
+        seen["on_exit"] = None
+    except RankDivergenceError as exc:
+        seen["on_exit"] = {"divergent": exc.divergent}
+    seen["restored_after_exit_check"] = detctx.fingerprint() == before
+    return seen
+
+
+def train(rank: int, world: int) -> dict[str, Any]:
+    from torch.nn.parallel import DistributedDataParallel
+
+    with distributed_deterministic(seed=2024, per_rank=True):
+        model = torch.nn.Sequential(
+            torch.nn.Linear(8, 16),
+            torch.nn.ReLU(),
+            torch.nn.Dropout(0.25),
+            torch.nn.Linear(16, 1),
+        )
+        ddp = DistributedDataParallel(model)
+        optimiser = torch.optim.SGD(ddp.parameters(), lr=0.05)
+        losses = []
+        for _ in range(6):
+            x = torch.randn(16, 8)
+            y = x.sum(dim=1, keepdim=True)
+            loss = torch.nn.functional.mse_loss(ddp(x), y)
+            optimiser.zero_grad()
+            loss.backward()
+            optimiser.step()
+            losses.append(loss.item().hex())
+        with torch.no_grad():
+            weights = float(sum(p.double().sum() for p in model.parameters())).hex()
+    return {"losses": losses, "weights": weights}
+
+
+def run_rank(rank: int, world: int, port: int, out_dir: str, train_too: bool) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), DETCTX_SEED=str(1000 + rank))
+    timeout = timedelta(seconds=60)
+    store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=timeout)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+    try:
+        result = {
+            "agreement": agreement(rank, world),
+            "mismatches": mismatches(rank, world),
+            "streams": streams(rank, world),
+            "divergence": divergence(rank, world),
+        }
+        if train_too:
+            result["train"] = train(rank, world)
+    finally:
+        dist.destroy_process_group()
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+
+
+def main() -> None:
+    port, world, out_dir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    train_too = "train" in sys.argv[4:]
+    # What the first use_deterministic_algorithms() imports (seconds of CPU): import it
+    # once here, so the forked ranks do not each pay for it on two cores.
+    import torch._inductor.config  # noqa: F401
+
+    context = multiprocessing.get_context("fork")
+    ranks = [
+        context.Process(target=run_rank, args=(rank, world, port, out_dir, train_too))
+        for rank in range(world)
+    ]
+    for process in ranks:
+        process.start()
+    for process in ranks:
+        process.join()
+    sys.exit(max(abs(process.exitcode or 0) for process in ranks))
+
+
+if __name__ == "__main__":
+    main()
