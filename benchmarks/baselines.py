@@ -78,6 +78,19 @@ def floor_block(body: Callable[[], object] = lambda: None) -> None:
     _restore_env(env)
 
 
+def mindspeed_seed_all() -> None:
+    """MindSpeed's sequence: the three seeds, the hash seed, the flags and the env vars."""
+    random.seed(SEED)
+    os.environ["PYTHONHASHSEED"] = str(SEED)
+    np.random.seed(SEED)
+    torch.manual_seed(SEED)
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    for name, value in ENV_VALUES.items():
+        os.environ[name] = value
+
+
 def hand_written_block(body: Callable[[], object] = lambda: None) -> None:
     """Save three states; ``random.seed``, ``np.random.seed``, ``torch.manual_seed``;
     flags and environment; restore everything in ``finally``."""
@@ -90,15 +103,7 @@ def hand_written_block(body: Callable[[], object] = lambda: None) -> None:
     )
     env = {name: os.environ.get(name) for name in ENV_VALUES}
     try:
-        random.seed(SEED)
-        os.environ["PYTHONHASHSEED"] = str(SEED)
-        np.random.seed(SEED)
-        torch.manual_seed(SEED)
-        torch.use_deterministic_algorithms(True)
-        torch.backends.cudnn.deterministic = True
-        torch.backends.cudnn.benchmark = False
-        for name, value in ENV_VALUES.items():
-            os.environ[name] = value
+        mindspeed_seed_all()
         body()
     finally:
         random.setstate(py)

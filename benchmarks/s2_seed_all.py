@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import random
 
 import numpy as np
 import torch
 
 import detctx
-from benchmarks.baselines import ENV_VALUES, SEED
+from benchmarks.baselines import SEED, mindspeed_seed_all
 from benchmarks.harness import Result, Row, Settings, measure, repeated
 from benchmarks.harness import preserved_process_state as preserved
 
@@ -20,19 +19,6 @@ def manual_seed_based() -> None:
     random.seed(SEED)
     np.random.seed(SEED)
     torch.manual_seed(SEED)
-
-
-def mindspeed_seed_all() -> None:
-    """MindSpeed's sequence: the three seeds, the hash seed, the flag and the env vars."""
-    random.seed(SEED)
-    os.environ["PYTHONHASHSEED"] = str(SEED)
-    np.random.seed(SEED)
-    torch.manual_seed(SEED)
-    torch.use_deterministic_algorithms(True)
-    torch.backends.cudnn.deterministic = True
-    torch.backends.cudnn.benchmark = False
-    for name, value in ENV_VALUES.items():
-        os.environ[name] = value
 
 
 def run(settings: Settings) -> Result:

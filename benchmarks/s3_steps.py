@@ -18,6 +18,9 @@ import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
+import torch
+
 import detctx
 from benchmarks.baselines import SEED, raw_capture, raw_restore
 from benchmarks.harness import Result, Row, Runner, Settings, Target, measure
@@ -32,16 +35,9 @@ MISSING = (
 
 def _seeded_world() -> tuple[Any, Any, Any]:
     saved = raw_capture()
-    detctx.seed_all(
-        SEED,
-        algorithms=False,
-        cudnn=False,
-        hash_seed=False,
-        cublas_workspace=False,
-        hccl=False,
-        matmul_k_shift=False,
-        flash_attention=False,
-    )
+    random.seed(SEED)
+    np.random.seed(SEED)
+    torch.default_generator.manual_seed(SEED)
     world = raw_capture()
     raw_restore(saved)
     return world
