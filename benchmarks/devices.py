@@ -1,0 +1,185 @@
+"""Scenarios 1 and 4 with 1, 8 and 64 simulated accelerator devices.
+
+The devices are the simulated NPU of ``tests/simulated_npu.py`` (a device
+module backed by CPU generators, registered the way torch_npu registers
+itself). It can be registered once per process, so every configuration runs
+in its own interpreter. "initialised" devices have been woken (their RNG
+states are read and written on every block); "uninitialised" ones have not
+(detctx must neither wake them nor pay per device for them).
+
+The floor of a block with initialised devices is the CPU floor plus, per
+device, ``get_rng_state(i)`` and ``set_rng_state(state, i)``, and one
+``manual_seed_all``; with uninitialised devices it is the CPU floor alone.
+With initialised devices, deterministic algorithms are switched on before the
+devices wake, as the core's warning for Ascend advises.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from benchmarks.harness import Result, Row, Settings, Stats, Table, Target, format_stats
+
+SCENARIO = "1+4 devices"
+ROOT = Path(__file__).resolve().parent.parent
+COUNTS = (1, 8, 64)
+MEASURES = ("block", "capture", "restore", "fingerprint")
+
+
+def _load_simulated_npu() -> Any:
+    path = ROOT / "tests" / "simulated_npu.py"
+    spec = importlib.util.spec_from_file_location("simulated_npu", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load the simulated NPU from {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["simulated_npu"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def child(devices: int, initialised: bool, quick: bool) -> dict[str, Any]:
+    """Measure one configuration in this (fresh) process."""
+    import torch
+
+    npu = _load_simulated_npu()
+    npu.install(devices)
+    if initialised:
+        # As the core's warning advises for Ascend: determinism on before the device
+        # wakes, so blocks do not change the flag (and warn) on every entry.
+        torch.use_deterministic_algorithms(True)
+        npu.init()
+
+    import detctx
+    from benchmarks import baselines
+    from benchmarks.harness import measure, preserved_process_state, repeated
+
+    block = detctx.deterministic(seed=baselines.SEED)
+
+    def detctx_block() -> None:
+        with block:
+            pass
+
+    def floor() -> None:
+        if not initialised:
+            baselines.floor_block()
+            return
+        states = [npu.get_rng_state(i) for i in range(devices)]
+
+        def seed_devices() -> None:
+            npu.manual_seed_all(baselines.SEED)
+
+        baselines.floor_block(seed_devices)
+        for index, state in enumerate(states):
+            npu.set_rng_state(state, index)
+
+    with preserved_process_state():
+        state = detctx.capture()
+        stats = measure(
+            {
+                "block": repeated(detctx_block),
+                "floor": repeated(floor),
+                "capture": repeated(detctx.capture),
+                "restore": repeated(state.restore),
+                "fingerprint": repeated(detctx.fingerprint),
+            },
+            Settings.make(quick),
+        )
+    if not initialised and npu.is_initialized():
+        raise RuntimeError("a block initialised an uninitialised simulated device")
+    return {name: vars(value) for name, value in stats.items()}
+
+
+def _run_child(devices: int, initialised: bool, quick: bool) -> dict[str, Stats]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.devices",
+            str(devices),
+            str(int(initialised)),
+            str(int(quick)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=ROOT,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"device benchmark child failed:\n{done.stderr[-2000:]}")
+    data = json.loads(done.stdout.strip().splitlines()[-1])
+    return {name: Stats(**fields) for name, fields in data.items()}
+
+
+def run(settings: Settings) -> Result:
+    scan = {
+        (count, initialised): _run_child(count, initialised, settings.quick)
+        for initialised in (True, False)
+        for count in COUNTS
+    }
+    low, mid, high = COUNTS
+    rows = []
+    for measure_name in MEASURES:
+        rows.append(
+            Row(
+                SCENARIO,
+                f"{measure_name}, {high} initialised devices",
+                scan[high, True][measure_name],
+                f"{measure_name}, {mid} initialised devices",
+                scan[mid, True][measure_name],
+                Target("ratio", high / mid),
+                note=f"linear growth allows at most {high // mid}x",
+            ),
+        )
+        rows.append(
+            Row(
+                SCENARIO,
+                f"{measure_name}, {high} uninitialised devices",
+                scan[high, False][measure_name],
+                f"{measure_name}, {low} uninitialised device",
+                scan[low, False][measure_name],
+                Target("ratio", 1.2),
+                note="flat: within 1.2x (noise allowance)",
+            ),
+        )
+    for initialised in (True, False):
+        state = "initialised" if initialised else "uninitialised"
+        rows.append(
+            Row(
+                SCENARIO,
+                f"block, {high} {state} devices",
+                scan[high, initialised]["block"],
+                f"floor, {high} {state} devices",
+                scan[high, initialised]["floor"],
+                Target("ratio", 1.15),
+            ),
+        )
+    table = Table(
+        "Cost against the number of simulated devices",
+        ["devices", "state", *MEASURES, "floor of a block"],
+        [
+            [
+                str(count),
+                "initialised" if initialised else "uninitialised",
+                *(format_stats(stats[name]) for name in (*MEASURES, "floor")),
+            ]
+            for (count, initialised), stats in sorted(
+                scan.items(), key=lambda kv: (-kv[0][1], kv[0][0])
+            )
+        ],
+        note="Each configuration ran in its own interpreter with tests/simulated_npu.py.",
+    )
+    return Result(rows, [table])
+
+
+if __name__ == "__main__":
+    count, init, quick_flag = (int(arg) for arg in sys.argv[1:4])
+    print(json.dumps(child(count, bool(init), bool(quick_flag))))
