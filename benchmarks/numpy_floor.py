@@ -9,16 +9,16 @@ because MT19937's ``state`` property copies the key one element at a time.
 
 Three ways to save, seed and restore it, measured here side by side:
 
-- ``get_state`` / ``seed`` / ``set_state``: what the core does.
-- Fast restore: ``get_state`` to save (the only way to read the Gaussian
-  cache); to restore a state whose cache is empty (``has_gauss == 0`` and
-  ``gauss == 0.0``, the usual case), ``seed(0)`` (which empties the cache)
-  and then copy key and position back into the bit generator's C state
-  through its documented ctypes interface (``bit_generator.ctypes.
-  state_address``), under the bit generator's lock. A state with a cached
-  Gaussian falls back to ``set_state``. The C layout (``uint32 key[624];
-  int pos``) is checked once against ``state`` on a private generator; if it
-  ever differs, the fast path is not used.
+- ``get_state`` / ``seed`` / ``set_state``: the plain way (the floor).
+- detctx's way (``detctx._numpy_state``): ``get_state`` to save (the only
+  way to read the Gaussian cache); to restore a state whose cache is empty
+  (``has_gauss == 0`` and ``gauss == 0.0``, the usual case), ``seed(0)``
+  (which empties the cache) and then copy key and position back into the
+  bit generator's C state through its documented ctypes interface
+  (``bit_generator.ctypes.state_address``). A state with a cached Gaussian
+  falls back to ``set_state``. The C layout (``uint32 key[624]; int pos``)
+  is checked once against ``state`` on a private generator; if it ever
+  differs, the fast path is not used.
 - Raw ctypes save and restore of key and position alone: fastest, and
   **unsound**: it loses the Gaussian cache (shown below by a counterexample).
 
@@ -36,6 +36,8 @@ from typing import Any
 import numpy as np
 
 from benchmarks.harness import Result, Row, Settings, Table, format_stats, measure, repeated
+from detctx import _numpy_state
+from detctx._numpy_state import restore_random_state
 
 SCENARIO = "numpy floor"
 SEED = 1234
@@ -49,23 +51,8 @@ def _bit_generator(rng: np.random.RandomState) -> Any:
     return rng._bit_generator
 
 
-def layout_matches() -> bool:
-    """Whether MT19937's C state is ``uint32 key[624]; int pos`` in this NumPy build."""
-    probe = np.random.RandomState(987)
-    probe.random_sample(1001)
-    bit_generator = _bit_generator(probe)
-    if not isinstance(bit_generator, np.random.MT19937):
-        return False
-    c_state = _MTState.from_address(bit_generator.ctypes.state_address)
-    expected = bit_generator.state["state"]
-    return bool(
-        np.array_equal(np.frombuffer(c_state.key, dtype=np.uint32), expected["key"])
-        and c_state.pos == expected["pos"]
-    )
-
-
 class FastRestore:
-    """Save with ``get_state``; restore an empty-cache state without ``set_state``."""
+    """detctx's NumPy source: ``get_state`` to save, its fast restore to put back."""
 
     def __init__(self, rng: np.random.RandomState) -> None:
         self._rng = rng
@@ -74,16 +61,7 @@ class FastRestore:
         return self._rng.get_state()
 
     def restore(self, state: Any) -> None:
-        _, key, pos, has_gauss, gauss = state
-        bit_generator = _bit_generator(self._rng)
-        if has_gauss or gauss != 0.0 or not isinstance(bit_generator, np.random.MT19937):
-            self._rng.set_state(state)
-            return
-        with bit_generator.lock:
-            self._rng.seed(0)  # empties the Gaussian cache; key and pos are overwritten next
-            c_state = _MTState.from_address(bit_generator.ctypes.state_address)
-            ctypes.memmove(c_state.key, key.ctypes.data, 624 * 4)
-            c_state.pos = pos
+        restore_random_state(self._rng, state)
 
 
 def _raw_ctypes_roundtrip(rng: np.random.RandomState) -> Callable[[], None]:
@@ -154,7 +132,7 @@ def raw_ctypes_counterexample() -> bool:
 
 
 def run(settings: Settings) -> Result:
-    if not layout_matches():
+    if not _numpy_state._layout_matches():
         return Result(
             [
                 Row(
@@ -169,7 +147,7 @@ def run(settings: Settings) -> Result:
     fast = FastRestore(rng)
     saved = rng.get_state()
 
-    def core_way() -> None:
+    def plain_way() -> None:
         state = rng.get_state()
         rng.seed(SEED)
         rng.set_state(state)
@@ -183,7 +161,7 @@ def run(settings: Settings) -> Result:
         rng.seed(SEED)  # the global generator without a cached Gaussian: the fast path
         stats = measure(
             {
-                "core": repeated(core_way),
+                "plain": repeated(plain_way),
                 "fast": repeated(fast_way),
                 "raw": repeated(_raw_ctypes_roundtrip(rng)),
                 "get_state": repeated(rng.get_state),
@@ -199,18 +177,18 @@ def run(settings: Settings) -> Result:
     rows = [
         Row(
             SCENARIO,
-            "NumPy save+seed+restore, fast restore",
+            "NumPy save+seed+restore, detctx's fast restore",
             stats["fast"],
-            "get_state + seed + set_state (the core's way)",
-            stats["core"],
+            "get_state + seed + set_state (the plain way)",
+            stats["plain"],
             note=f"sound: equal to set_state in {agreeing}/{cases} checked states",
         ),
         Row(
             SCENARIO,
             "NumPy save+seed+restore, raw ctypes key+pos",
             stats["raw"],
-            "get_state + seed + set_state (the core's way)",
-            stats["core"],
+            "get_state + seed + set_state (the plain way)",
+            stats["plain"],
             note="UNSOUND: loses the legacy Gaussian cache"
             + (" (counterexample reproduced)" if counterexample else ""),
         ),
