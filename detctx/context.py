@@ -18,8 +18,6 @@ in each affected block.
 from __future__ import annotations
 
 import contextvars
-import functools
-import inspect
 import logging
 import threading
 from collections.abc import Callable
@@ -83,10 +81,19 @@ class Snapshot:
     def capture(cls, sources: list[tuple[str, RNGSource]] | None = None) -> Snapshot:
         return cls(RNGState.capture(sources), [(sw, sw.capture()) for sw in _SWITCHES])
 
-    def restore(self) -> None:
-        """Put everything back; every part is attempted, the first error is raised after."""
+    def restore(self, unchanged: Snapshot | None = None) -> None:
+        """Put everything back; every part is attempted, the first error is raised after.
+
+        ``unchanged``: a snapshot of the present state; switches whose value is
+        the same there are left alone (a generator step swaps worlds twice, so
+        skipping no-op writes of flags and environment variables matters).
+        """
         first_error: BaseException | None = None
-        for switch, saved in reversed(self.switches):
+        now = None if unchanged is None else unchanged.switches
+        for index in range(len(self.switches) - 1, -1, -1):
+            switch, saved = self.switches[index]
+            if now is not None and now[index][1] == saved:
+                continue
             try:
                 switch.restore(saved)
             except Exception as exc:
@@ -264,18 +271,20 @@ class deterministic:
     @overload
     def __call__(self, func: type[Any]) -> type[Any]: ...
     def __call__(self, func: Any) -> Any:
-        """Use the block as a decorator: each call of ``func`` runs in its own block."""
-        if not callable(func) or inspect.isclass(func):
-            raise TypeError(
-                f"deterministic(...) decorates functions, not {type(func).__name__} objects"
-            )
+        """Use the block as a decorator.
 
-        @functools.wraps(func)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with self:
-                return func(*args, **kwargs)
+        - A function: each call runs in its own block.
+        - A generator, async generator or coroutine function: each call's body
+          runs in its own RNG world, seeded on its first step, swapped in on
+          every resume and out (the caller's world put back) on every yield,
+          ``await`` suspension, ``close``, ``throw``, return and exception.
+        - A ``unittest.TestCase`` subclass: each test method is decorated.
 
-        return wrapper
+        Anything else raises ``TypeError`` here. See :mod:`detctx.decorators`.
+        """
+        from detctx.decorators import decorate
+
+        return decorate(self, func)
 
 
 def _close(frame: _Frame) -> None:

@@ -1,0 +1,272 @@
+"""``@deterministic(...)`` on functions, generators, coroutines and test classes.
+
+A plain function call is one block. A generator, async generator or coroutine
+call gets its own RNG *world* instead: a private :class:`~detctx.context.Snapshot`
+(every RNG state and every switch) that is swapped in each time its body is
+resumed and swapped out again, with the caller's world put back, each time it
+stops (yield, ``await`` suspension, ``close``, ``throw``, return, exception).
+So its draws depend only on the seed and its own work, and the caller's
+streams between steps are exactly what they would be without it.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+import unittest
+from collections.abc import AsyncGenerator, Callable, Coroutine, Generator
+from typing import Any
+
+from detctx.context import (
+    Run,
+    Snapshot,
+    _entered,
+    _Frame,
+    _lock,
+    _Options,
+    _stack,
+    deterministic,
+)
+from detctx.seeds import resolve_seed
+from detctx.sources import RNGSource
+from detctx.state import active_sources
+
+__all__ = ["decorate"]
+
+
+def decorate(block: deterministic, target: Any) -> Any:
+    """Wrap ``target`` so that it runs under ``block``; see :meth:`deterministic.__call__`."""
+    if inspect.isclass(target):
+        if issubclass(target, unittest.TestCase):
+            return _decorate_test_case(block, target)
+        raise TypeError(
+            f"{block!r} can decorate a class only if it is a unittest.TestCase subclass "
+            f"(each test method then runs in its own block); decorate the methods of "
+            f"{target.__qualname__} instead"
+        )
+    if not callable(target):
+        raise TypeError(
+            f"{block!r} decorates functions, generator functions, coroutine functions and "
+            f"unittest.TestCase classes, not {type(target).__name__} objects; "
+            f"use 'with {block!r}:' around a block of code"
+        )
+    if inspect.isasyncgenfunction(target):
+        return _wrap_async_generator(block._options, target)
+    if inspect.iscoroutinefunction(target):
+        return _wrap_coroutine(block._options, target)
+    if inspect.isgeneratorfunction(target):
+        return _wrap_generator(block._options, target)
+    return _wrap_function(block, target)
+
+
+def _wrap_function(block: deterministic, func: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with block:
+            return func(*args, **kwargs)
+
+    return wrapper
+
+
+def _wrap_generator(options: _Options, func: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Generator[Any, Any, Any]:
+        return (yield from _drive(_World(options), func(*args, **kwargs), True))
+
+    return wrapper
+
+
+def _wrap_coroutine(options: _Options, func: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(func)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return await _Steps(_World(options), func(*args, **kwargs), True)
+
+    return wrapper
+
+
+def _wrap_async_generator(options: _Options, func: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(func)
+    async def wrapper(*args: Any, **kwargs: Any) -> AsyncGenerator[Any, Any]:
+        inner = func(*args, **kwargs)
+        world = _World(options)
+        # Each asend/athrow/aclose awaitable is driven step by step, so the
+        # world is swapped around every await inside the body too.
+        step: Coroutine[Any, Any, Any] = inner.asend(None)
+        while True:
+            try:
+                item = await _Steps(world, step, False)
+            except StopAsyncIteration:
+                return
+            try:
+                sent = yield item
+            except GeneratorExit:
+                await _Steps(world, inner.aclose(), True)
+                raise
+            except BaseException as exc:
+                step = inner.athrow(exc)
+            else:
+                step = inner.asend(sent)
+
+    return wrapper
+
+
+def _decorate_test_case(block: deterministic, cls: type[unittest.TestCase]) -> type[Any]:
+    """Wrap every test method (inherited ones too), as ``unittest.mock.patch`` does."""
+    prefix = unittest.TestLoader.testMethodPrefix
+    for name in dir(cls):
+        if not name.startswith(prefix):
+            continue
+        attr = inspect.getattr_static(cls, name)
+        if isinstance(attr, (staticmethod, classmethod)):
+            setattr(cls, name, type(attr)(decorate(block, attr.__func__)))
+        elif inspect.isfunction(attr):
+            setattr(cls, name, decorate(block, attr))
+    return cls
+
+
+class _World:
+    """The private RNG world of one generator, async generator or coroutine call.
+
+    Between steps it holds the body's snapshot and the ``with deterministic``
+    blocks the body has open; during a step it holds the caller's snapshot.
+    A step holds the core lock, so a step and another thread's block never
+    overlap; the body's own open blocks keep their lock holds only while the
+    body runs, so a suspended generator blocks no other thread.
+    """
+
+    __slots__ = (
+        "_base",
+        "_blocks",
+        "_caller",
+        "_caller_entered",
+        "_frames",
+        "_options",
+        "_saved",
+        "_sources",
+        "run",
+    )
+
+    def __init__(self, options: _Options) -> None:
+        self._options = options
+        self._saved: Snapshot | None = None
+        self._caller: Snapshot | None = None
+        self._sources: list[tuple[str, RNGSource]] = []
+        self._frames: list[_Frame] = []
+        self._blocks: tuple[_Frame, ...] = ()
+        self._base = 0
+        self._caller_entered: tuple[_Frame, ...] = ()
+        self.run: Run | None = None
+
+    def resume(self) -> None:
+        """Save the caller's world and put the body's in (seeding it on the first step)."""
+        _lock.acquire()
+        try:
+            # Looked up on every step: a source registered between steps is the
+            # caller's and must be saved and put back for it.
+            sources = active_sources()
+            caller = Snapshot.capture(sources)
+            try:
+                if self._saved is None:
+                    self.run = self._options.apply(sources, resolve_seed(self._options.seed))
+                else:
+                    self._saved.restore(unchanged=caller)
+            except BaseException:
+                caller.restore()
+                raise
+        except BaseException:
+            _lock.release()
+            raise
+        self._sources = sources
+        self._caller = caller
+        self._base = len(_stack)
+        self._caller_entered = entered = _entered.get()
+        if self._blocks:
+            for _ in self._blocks:
+                _lock.acquire()
+            _stack.extend(self._frames)
+            _entered.set(entered + self._blocks)
+
+    def suspend(self, finished: bool) -> None:
+        """Save the body's world (unless ``finished``) and put the caller's back."""
+        caller = self._caller
+        assert caller is not None
+        self._caller = None
+        try:
+            if len(_stack) != self._base or _entered.get() is not self._caller_entered:
+                self._park_blocks()
+            saved = None
+            try:
+                if not finished:
+                    saved = self._saved = Snapshot.capture(self._sources)
+            finally:
+                caller.restore(unchanged=saved)
+        finally:
+            _lock.release()
+
+    def _park_blocks(self) -> None:
+        """Take the body's open ``with`` blocks off the shared stack until the next step."""
+        self._frames = _stack[self._base :]
+        del _stack[self._base :]
+        now = _entered.get()
+        self._blocks = now[len(self._caller_entered) :]
+        _entered.set(self._caller_entered)
+        for _ in self._blocks:
+            _lock.release()
+
+
+def _drive(world: _World, steps: Any, returns_at_end: bool) -> Generator[Any, Any, Any]:
+    """Run ``steps`` (a generator, coroutine, or asend/athrow/aclose awaitable) in ``world``.
+
+    Every ``send``/``throw``/``close`` of ``steps`` runs with the world swapped
+    in. ``returns_at_end``: whether ``StopIteration`` ends the body (it does for
+    generators and coroutines; for an async generator's ``asend`` it is a yield).
+    """
+    send = steps.send
+    value: Any = None
+    error: BaseException | None = None
+    while True:
+        world.resume()
+        try:
+            if error is None:
+                item = send(value)
+            else:
+                item = steps.throw(error)
+                error = None
+        except StopIteration as stop:
+            world.suspend(returns_at_end)
+            return stop.value
+        except BaseException:
+            world.suspend(True)
+            raise
+        world.suspend(False)
+        try:
+            value = yield item
+        except GeneratorExit:
+            if sys.is_finalizing():
+                # Closed by garbage collection at interpreter exit: there is no
+                # caller left to protect, and torch may already be torn down.
+                steps.close()
+                raise
+            world.resume()
+            try:
+                steps.close()
+            finally:
+                world.suspend(True)
+            raise
+        except BaseException as exc:
+            error = exc
+
+
+class _Steps:
+    """Awaitable that drives one coroutine or async-generator step in a world."""
+
+    __slots__ = ("_end", "_steps", "_world")
+
+    def __init__(self, world: _World, steps: Any, returns_at_end: bool) -> None:
+        self._world = world
+        self._steps = steps
+        self._end = returns_at_end
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        return _drive(self._world, self._steps, self._end)

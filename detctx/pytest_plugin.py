@@ -1,0 +1,162 @@
+"""pytest plugin: the ``deterministic`` marker, the ``detctx_run`` fixture, ``--detctx-seed``.
+
+Registered through the ``pytest11`` entry point, so installing detctx is
+enough. A test runs in a ``deterministic`` block when it carries the marker
+or when the session runs with ``--detctx-seed N``; the block is entered
+before the test's function-scoped fixtures are set up and exited after they
+are torn down (higher-scoped fixtures stay outside it, so session-wide setup
+is never rolled back by one test's exit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+from collections.abc import Generator, Iterator
+from typing import Any
+
+import pytest
+
+from detctx.context import Run, deterministic
+from detctx.seeds import derive_seed, validate_seed
+
+__all__ = ["node_seed"]
+
+_MARKER = "deterministic"
+_PROPERTY = "detctx_seed"
+
+
+def node_seed(session_seed: int, nodeid: str) -> int:
+    """The seed ``--detctx-seed session_seed`` gives the test ``nodeid``.
+
+    It depends only on the two (a hash of the node id, not the run order or
+    the worker), so rerunning a single test with the same ``--detctx-seed``,
+    with or without pytest-xdist, gives it the same seed.
+    """
+    digest = hashlib.blake2b(nodeid.encode("utf-8"), digest_size=8).digest()
+    key = (int.from_bytes(digest[:4], "little"), int.from_bytes(digest[4:], "little"))
+    return derive_seed(session_seed, *key)
+
+
+def _seed_argument(text: str) -> int:
+    try:
+        value = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer seed, got {text!r}") from None
+    try:
+        return validate_seed(value, "--detctx-seed")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("detctx", "reproducible tests (detctx)")
+    group.addoption(
+        "--detctx-seed",
+        dest="detctx_seed",
+        metavar="N",
+        type=_seed_argument,
+        default=None,
+        help=(
+            "run every test in its own detctx.deterministic block, seeded from N and the "
+            "test's node id; rerun with the same N to replay a failure"
+        ),
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{_MARKER}(seed=1234, **switches): run the test, with its function-scoped "
+        "fixtures, in a detctx.deterministic block with these arguments",
+    )
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    seed = config.getoption("detctx_seed")
+    if seed is None:
+        return None
+    return f"detctx: --detctx-seed {seed} (each test seeded from it and its node id)"
+
+
+def _block_for(item: pytest.Item) -> deterministic | None:
+    """The block ``item`` runs in: its marker's, else ``--detctx-seed``'s, else none.
+
+    A marker without a seed takes the ``--detctx-seed`` seed when the option is given.
+    """
+    session_seed = item.config.getoption("detctx_seed")
+    marker = item.get_closest_marker(_MARKER)
+    if marker is None:
+        if session_seed is None:
+            return None
+        return deterministic(node_seed(session_seed, item.nodeid))
+    args, kwargs = marker.args, dict(marker.kwargs)
+    if session_seed is not None and not args and "seed" not in kwargs:
+        kwargs["seed"] = node_seed(session_seed, item.nodeid)
+    try:
+        return deterministic(*args, **kwargs)
+    except (TypeError, ValueError) as exc:
+        pytest.fail(
+            f"bad @pytest.mark.{_MARKER}(...) arguments on {item.nodeid}: {exc}. The marker "
+            "takes detctx.deterministic's arguments: seed (an int in [0, 2**32 - 1] or None) "
+            "and the switches algorithms, cudnn, hash_seed, cublas_workspace, hccl, "
+            "matmul_k_shift, flash_attention",
+            pytrace=False,
+        )
+
+
+@pytest.fixture(autouse=True)
+def _detctx_block(request: pytest.FixtureRequest) -> Iterator[Run | None]:
+    item = request.node
+    block = _block_for(item)
+    if block is None:
+        yield None
+        return
+    with block as run:
+        item.user_properties.append((_PROPERTY, run.seed))
+        yield run
+
+
+@pytest.fixture
+def detctx_run(_detctx_block: Run | None) -> Iterator[Run]:
+    """The :class:`~detctx.Run` the test runs under.
+
+    That of the marker's (or ``--detctx-seed``'s) block; without either, the
+    test gets a block of its own with the default seed (1234).
+    """
+    if _detctx_block is not None:
+        yield _detctx_block
+        return
+    with deterministic() as run:
+        yield run
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, Any, None]:
+    # An old-style wrapper: new-style ones (wrapper=True) need pytest >= 8.
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()
+    if report.failed:
+        seeds = [value for name, value in item.user_properties if name == _PROPERTY]
+        if seeds:
+            report.sections.append(
+                ("detctx", f"this test ran under detctx.deterministic(seed={seeds[-1]})")
+            )
+
+
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config
+) -> None:
+    seed = config.getoption("detctx_seed")
+    if seed is None:
+        return
+    terminalreporter.write_line(
+        f"detctx: every test was seeded from --detctx-seed {seed} and its node id; "
+        f"replay with: pytest --detctx-seed {seed} [NODE_ID ...]"
+    )
+    for report in terminalreporter.stats.get("failed", []):
+        for name, value in getattr(report, "user_properties", ()):
+            if name == _PROPERTY:
+                terminalreporter.write_line(f"detctx: {report.nodeid} failed with seed {value}")
