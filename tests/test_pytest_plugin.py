@@ -1,0 +1,289 @@
+"""The pytest plugin: the marker, the detctx_run fixture and --detctx-seed, run with pytester."""
+
+from __future__ import annotations
+
+import re
+from importlib.metadata import entry_points
+
+import pytest
+
+from detctx.pytest_plugin import node_seed
+
+pytest_plugins = ["pytester"]
+
+DRAWS = """
+import random
+
+import numpy as np
+import torch
+
+
+def draws():
+    return (random.random(), float(np.random.rand()), float(torch.rand(1)))
+
+
+# Keep the test's seed in seeds/ (a file each: pytest-xdist workers run at the same time).
+def record(request, run):
+    folder = request.config.rootpath / "seeds"
+    folder.mkdir(exist_ok=True)
+    (folder / request.node.name).write_text(f"{request.node.nodeid} {run.seed}")
+
+
+def seeded(seed):
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    return draws()
+"""
+
+
+def seeds_recorded(pytester: pytest.Pytester) -> dict[str, int]:
+    """The seeds the inner tests kept in seeds/, emptying it for the next run."""
+    found = {}
+    for path in sorted((pytester.path / "seeds").iterdir()):
+        nodeid, seed = path.read_text().split()
+        found[nodeid] = int(seed)
+        path.unlink()
+    return found
+
+
+@pytest.fixture
+def helpers(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.makepyfile(helpers=DRAWS)
+    return pytester
+
+
+def test_the_marker_runs_the_test_and_its_fixtures_in_a_seeded_block(
+    helpers: pytest.Pytester,
+) -> None:
+    helpers.makepyfile(
+        test_marker="""
+        import pytest
+        import torch
+        from helpers import draws, seeded
+
+        @pytest.fixture
+        def weights():
+            return draws()
+
+        @pytest.mark.deterministic(seed=3)
+        def test_fixture_and_body_are_seeded(weights):
+            body = draws()
+            assert torch.are_deterministic_algorithms_enabled()
+            first = seeded(3)
+            assert (weights, body) == (first, draws())
+
+        @pytest.mark.deterministic(4, algorithms=False)
+        def test_positional_seed_and_switch_options():
+            assert draws() == seeded(4)
+            assert not torch.are_deterministic_algorithms_enabled()
+
+        @pytest.mark.deterministic(seed=6)
+        class TestGrouped:
+            def test_class_marker(self):
+                assert draws() == seeded(6)
+
+        def test_unmarked_tests_are_left_alone():
+            assert not torch.are_deterministic_algorithms_enabled()
+        """
+    )
+    helpers.runpytest("-W", "error::pytest.PytestUnknownMarkWarning").assert_outcomes(passed=4)
+
+
+def test_the_detctx_run_fixture_reports_the_active_run(helpers: pytest.Pytester) -> None:
+    helpers.makepyfile(
+        test_fixture="""
+        import pytest
+        import torch
+        from helpers import draws, seeded
+
+        @pytest.mark.deterministic(seed=9)
+        def test_inside_the_markers_block(detctx_run):
+            assert detctx_run.seed == 9
+            assert draws() == seeded(9)
+
+        def test_a_block_of_its_own_without_a_marker(detctx_run):
+            assert detctx_run.seed == 1234
+            assert torch.are_deterministic_algorithms_enabled()
+            assert draws() == seeded(1234)
+        """
+    )
+    helpers.runpytest().assert_outcomes(passed=2)
+
+
+def test_bad_marker_arguments_fail_that_test_with_a_clear_message(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        test_bad="""
+        import pytest
+
+        @pytest.mark.deterministic(seed="zero")
+        def test_bad_seed():
+            pass
+
+        @pytest.mark.deterministic(seed=1, algorithm=True)
+        def test_misspelt_switch():
+            pass
+
+        def test_others_still_run():
+            pass
+        """
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(passed=1, errors=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*bad @pytest.mark.deterministic(...) arguments on test_bad.py::test_bad_seed: "
+            "seed must be an integer*",
+            "*test_misspelt_switch*unexpected keyword argument 'algorithm'*",
+        ]
+    )
+
+
+SEEDED_SESSION = """
+import pytest
+from helpers import draws, record, seeded
+
+def test_a(detctx_run, request):
+    record(request, detctx_run)
+    assert draws() == seeded(detctx_run.seed)
+
+def test_b(detctx_run, request):
+    record(request, detctx_run)
+
+@pytest.mark.deterministic(seed=2)
+def test_pinned(detctx_run, request):
+    record(request, detctx_run)
+
+@pytest.mark.deterministic(algorithms="warn")
+def test_marker_without_seed(detctx_run, request):
+    record(request, detctx_run)
+"""
+
+
+def test_detctx_seed_seeds_each_test_from_the_option_and_its_node_id(
+    helpers: pytest.Pytester,
+) -> None:
+    helpers.makepyfile(test_session=SEEDED_SESSION)
+    result = helpers.runpytest("--detctx-seed", "5")
+    result.assert_outcomes(passed=4)
+    seeds = seeds_recorded(helpers)
+    assert seeds == {
+        "test_session.py::test_a": node_seed(5, "test_session.py::test_a"),
+        "test_session.py::test_b": node_seed(5, "test_session.py::test_b"),
+        "test_session.py::test_pinned": 2,
+        "test_session.py::test_marker_without_seed": node_seed(
+            5, "test_session.py::test_marker_without_seed"
+        ),
+    }
+    assert seeds["test_session.py::test_a"] != seeds["test_session.py::test_b"]
+    result.stdout.fnmatch_lines(["detctx: --detctx-seed 5 (each test seeded from it*"])
+
+    # Another order, and a single test on its own: the same seeds.
+    helpers.runpytest(
+        "--detctx-seed", "5", "test_session.py::test_b", "test_session.py::test_a"
+    ).assert_outcomes(passed=2)
+    assert seeds_recorded(helpers) == {
+        key: seeds[key] for key in ("test_session.py::test_a", "test_session.py::test_b")
+    }
+    helpers.runpytest("--detctx-seed", "5", "test_session.py::test_b").assert_outcomes(passed=1)
+    assert seeds_recorded(helpers) == {"test_session.py::test_b": seeds["test_session.py::test_b"]}
+    # Another session seed, other test seeds.
+    helpers.runpytest("--detctx-seed", "6", "test_session.py::test_a").assert_outcomes(passed=1)
+    assert seeds_recorded(helpers)["test_session.py::test_a"] != seeds["test_session.py::test_a"]
+
+
+def test_the_seed_is_in_the_summary_even_under_quiet(helpers: pytest.Pytester) -> None:
+    helpers.makepyfile(test_session=SEEDED_SESSION)
+    result = helpers.runpytest("-q", "--detctx-seed", "5")
+    result.assert_outcomes(passed=4)
+    assert "detctx: --detctx-seed 5 (each" not in result.stdout.str()
+    result.stdout.fnmatch_lines(
+        ["detctx: every test was seeded from --detctx-seed 5 and its node id; replay with: *"]
+    )
+
+
+def test_a_failure_under_detctx_seed_replays_exactly(helpers: pytest.Pytester) -> None:
+    helpers.makepyfile(
+        test_flaky="""
+        import torch
+
+        def test_loss_below_threshold():
+            loss = float(torch.rand(1))
+            assert loss < 0.0, f"loss was {loss!r}"
+        """
+    )
+    first = helpers.runpytest("-q", "--detctx-seed", "5")
+    second = helpers.runpytest("-q", "--detctx-seed", "5", "test_flaky.py")
+    first.assert_outcomes(failed=1)
+    second.assert_outcomes(failed=1)
+    failures = [re.findall(r"loss was [0-9.e-]+", r.stdout.str()) for r in (first, second)]
+    seed = node_seed(5, "test_flaky.py::test_loss_below_threshold")
+    import torch
+
+    torch.manual_seed(seed)
+    expected = f"loss was {float(torch.rand(1))!r}"
+    assert failures[0] == failures[1] and failures[0][0] == expected
+    first.stdout.fnmatch_lines(
+        [
+            "*detctx*",
+            f"this test ran under detctx.deterministic(seed={seed})",
+            f"detctx: test_flaky.py::test_loss_below_threshold failed with seed {seed}",
+        ]
+    )
+
+
+@pytest.mark.parametrize("value", ["five", "-1", str(2**32)])
+def test_a_bad_detctx_seed_is_a_usage_error(pytester: pytest.Pytester, value: str) -> None:
+    pytester.makepyfile(test_nothing="def test_nothing(): pass")
+    result = pytester.runpytest("--detctx-seed", value)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--detctx-seed*"])
+
+
+def test_hypothesis_tests_run_under_the_marker_and_the_option(helpers: pytest.Pytester) -> None:
+    helpers.makepyfile(
+        test_props="""
+        import random
+
+        import pytest
+        from hypothesis import given, settings, strategies as st
+
+        import torch
+
+        @pytest.mark.deterministic(seed=1)
+        @settings(max_examples=20, database=None)
+        @given(st.integers(0, 100))
+        def test_under_the_marker(n):
+            assert torch.are_deterministic_algorithms_enabled()
+            assert 0 <= random.random() < 1
+
+        @settings(max_examples=20, database=None)
+        @given(st.lists(st.floats(allow_nan=False), max_size=5))
+        def test_under_the_option(xs):
+            assert sorted(xs) == sorted(reversed(xs))
+            assert torch.are_deterministic_algorithms_enabled()
+        """
+    )
+    helpers.runpytest("--detctx-seed", "5").assert_outcomes(passed=2)
+    helpers.runpytest("test_props.py::test_under_the_marker").assert_outcomes(passed=1)
+
+
+def test_pytest_xdist_workers_derive_the_same_seeds(helpers: pytest.Pytester) -> None:
+    pytest.importorskip("xdist")
+    helpers.makepyfile(test_session=SEEDED_SESSION)
+    helpers.runpytest("--detctx-seed", "5").assert_outcomes(passed=4)
+    serial = seeds_recorded(helpers)
+    parallel = helpers.runpytest_subprocess("-n", "2", "--detctx-seed", "5")
+    parallel.assert_outcomes(passed=4)
+    assert seeds_recorded(helpers) == serial
+    parallel.stdout.fnmatch_lines(["detctx: every test was seeded from --detctx-seed 5*"])
+
+
+def test_installing_detctx_is_enough_to_load_the_plugin(pytester: pytest.Pytester) -> None:
+    names = {ep.name: ep.value for ep in entry_points(group="pytest11")}
+    assert names.get("detctx") == "detctx.pytest_plugin"
+    pytester.makepyfile(test_nothing="def test_nothing(): pass")
+    result = pytester.runpytest("--detctx-seed", "1")
+    result.stdout.fnmatch_lines(["detctx: --detctx-seed 1 *", "plugins:*detctx-*"])
