@@ -168,7 +168,9 @@ class _World:
             caller = Snapshot.capture(sources)
             try:
                 if self._saved is None:
-                    self.run = self._options.apply(sources, resolve_seed(self._options.seed))
+                    self.run = self._options.apply(
+                        sources, resolve_seed(self._options.seed), caller
+                    )
                 else:
                     self._saved.restore(unchanged=caller)
             except BaseException:
