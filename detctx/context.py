@@ -228,8 +228,12 @@ class deterministic:
         )
         return f"deterministic(seed={self.seed!r}{', ' if changed else ''}{changed})"
 
+    def _resolve_seed(self) -> int:
+        """The seed for one entry: the configured one, else ``$DETCTX_SEED`` or a fresh one."""
+        return resolve_seed(self._options.seed)
+
     def __enter__(self) -> Run:
-        seed = resolve_seed(self._options.seed)
+        seed = self._resolve_seed()
         _lock.acquire()
         try:
             sources = active_sources()

@@ -24,11 +24,9 @@ from detctx.context import (
     _entered,
     _Frame,
     _lock,
-    _Options,
     _stack,
     deterministic,
 )
-from detctx.seeds import resolve_seed
 from detctx.sources import RNGSource
 from detctx.state import active_sources
 
@@ -52,11 +50,11 @@ def decorate(block: deterministic, target: Any) -> Any:
             f"use 'with {block!r}:' around a block of code"
         )
     if inspect.isasyncgenfunction(target):
-        return _wrap_async_generator(block._options, target)
+        return _wrap_async_generator(block, target)
     if inspect.iscoroutinefunction(target):
-        return _wrap_coroutine(block._options, target)
+        return _wrap_coroutine(block, target)
     if inspect.isgeneratorfunction(target):
-        return _wrap_generator(block._options, target)
+        return _wrap_generator(block, target)
     return _wrap_function(block, target)
 
 
@@ -69,27 +67,27 @@ def _wrap_function(block: deterministic, func: Callable[..., Any]) -> Callable[.
     return wrapper
 
 
-def _wrap_generator(options: _Options, func: Callable[..., Any]) -> Callable[..., Any]:
+def _wrap_generator(block: deterministic, func: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Generator[Any, Any, Any]:
-        return (yield from _drive(_World(options), func(*args, **kwargs), True))
+        return (yield from _drive(_World(block), func(*args, **kwargs), True))
 
     return wrapper
 
 
-def _wrap_coroutine(options: _Options, func: Callable[..., Any]) -> Callable[..., Any]:
+def _wrap_coroutine(block: deterministic, func: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(func)
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return await _Steps(_World(options), func(*args, **kwargs), True)
+        return await _Steps(_World(block), func(*args, **kwargs), True)
 
     return wrapper
 
 
-def _wrap_async_generator(options: _Options, func: Callable[..., Any]) -> Callable[..., Any]:
+def _wrap_async_generator(block: deterministic, func: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(func)
     async def wrapper(*args: Any, **kwargs: Any) -> AsyncGenerator[Any, Any]:
         inner = func(*args, **kwargs)
-        world = _World(options)
+        world = _World(block)
         # Each asend/athrow/aclose awaitable is driven step by step, so the
         # world is swapped around every await inside the body too.
         step: Coroutine[Any, Any, Any] = inner.asend(None)
@@ -137,18 +135,18 @@ class _World:
 
     __slots__ = (
         "_base",
+        "_block",
         "_blocks",
         "_caller",
         "_caller_entered",
         "_frames",
-        "_options",
         "_saved",
         "_sources",
         "run",
     )
 
-    def __init__(self, options: _Options) -> None:
-        self._options = options
+    def __init__(self, block: deterministic) -> None:
+        self._block = block
         self._saved: Snapshot | None = None
         self._caller: Snapshot | None = None
         self._sources: list[tuple[str, RNGSource]] = []
@@ -160,6 +158,8 @@ class _World:
 
     def resume(self) -> None:
         """Save the caller's world and put the body's in (seeding it on the first step)."""
+        saved = self._saved
+        seed = self._block._resolve_seed() if saved is None else None
         _lock.acquire()
         try:
             # Looked up on every step: a source registered between steps is the
@@ -167,12 +167,11 @@ class _World:
             sources = active_sources()
             caller = Snapshot.capture(sources)
             try:
-                if self._saved is None:
-                    self.run = self._options.apply(
-                        sources, resolve_seed(self._options.seed), caller
-                    )
+                if saved is None:
+                    assert seed is not None
+                    self.run = self._block._options.apply(sources, seed, caller)
                 else:
-                    self._saved.restore(unchanged=caller)
+                    saved.restore(unchanged=caller)
             except BaseException:
                 caller.restore()
                 raise

@@ -616,11 +616,21 @@ class distributed_deterministic(deterministic):
         ]
         return f"distributed_deterministic({', '.join([inner, *extra])})"
 
-    def __enter__(self) -> DistributedRun:
+    def _agree(self) -> tuple[int, int, int, int]:
+        """Agree with the other ranks: (this rank's seed, shared seed, rank, world size)."""
         if self._options.settings["hccl"] is not False:
             _warn_superpod()
         shared, rank, world_size = _agree(self.seed, self.per_rank, self.group, self.src)
         seed = derive_seed(shared, rank) if self.per_rank else shared
+        return seed, shared, rank, world_size
+
+    def _resolve_seed(self) -> int:
+        # The decorated generator/coroutine forms seed their world through this: a
+        # collective on their first step, as entering a block is.
+        return self._agree()[0]
+
+    def __enter__(self) -> DistributedRun:
+        seed, shared, rank, world_size = self._agree()
         settings: dict[str, Any] = dict(self._options.settings)
         inner = deterministic(seed, **settings)
         applied = inner.__enter__()

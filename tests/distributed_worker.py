@@ -8,11 +8,13 @@ writes what it saw to ``OUT_DIR/rank<r>.json`` and leaves the group.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import multiprocessing
 import os
 import random
 import sys
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -43,11 +45,24 @@ def agreement(rank: int, world: int) -> dict[str, Any]:
     def decorated() -> list[float]:
         return draws()
 
+    # Generators and coroutines agree on their world's seed on their first step.
+    @distributed_deterministic()
+    def generator() -> Iterator[list[float]]:
+        yield draws()
+        yield draws()
+
+    @distributed_deterministic()
+    async def coroutine() -> list[float]:
+        await asyncio.sleep(0)
+        return draws()
+
     return {
         "from_rank0": from_rank0,
         "from_last": from_last,
         "entropy": entropy,
         "decorated": decorated(),
+        "generator": list(generator()),
+        "coroutine": asyncio.run(coroutine()),
     }
 
 

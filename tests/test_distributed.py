@@ -109,8 +109,9 @@ def test_seed_none_every_rank_uses_the_source_ranks_seed(ranks: list[dict[str, A
     assert [seed for seed, _ in by_rank(ranks, "agreement", "from_last")] == [999 + world] * world
     entropy = by_rank(ranks, "agreement", "entropy")
     assert all(item == entropy[0] for item in entropy)
-    decorated = by_rank(ranks, "agreement", "decorated")
-    assert all(item == decorated[0] for item in decorated)
+    for form in ("decorated", "generator", "coroutine"):
+        results = by_rank(ranks, "agreement", form)
+        assert all(item == results[0] for item in results), form
 
 
 def test_different_seeds_raise_the_same_error_on_every_rank(ranks: list[dict[str, Any]]) -> None:
