@@ -1,12 +1,14 @@
 """Scenario 5: the distributed agreement step and ``verify_across_ranks`` on gloo.
 
 2 and 4 ranks, spawned on loopback with a free port. On every rank, one
-repeat times, in turn: a raw ``broadcast`` of one int64 (the size of a
-seed), ``distributed_deterministic(seed=None)`` enter+exit (rank 0 draws the
-seed, every rank agrees on it), a local ``deterministic`` block, a raw
-``all_gather`` of one int64 per rank (the size of a 64-bit fingerprint), and
-``verify_across_ranks()``. Rank 0's figures are reported. The agreement step
-is the distributed block minus the local block, taken per repeat.
+repeat times, in turn: the agreement step alone (``agree_seed(None)``: rank
+0 draws the seed, every rank takes it; ``agree_seed(1234)``: every rank
+checks every rank's seed), the raw collective it makes (an ``all_gather`` of
+the same three int64 per rank), a raw ``broadcast`` of one int64 (the least
+a seed=None agreement could send), ``distributed_deterministic(seed=None)``
+enter+exit against a local ``deterministic`` block, and
+``verify_across_ranks()`` against a raw ``all_gather`` of its row size.
+Rank 0's figures are reported.
 
 Every rank ends with ``dist.destroy_process_group()``; the parent kills ranks
 that outlive the timeout.
@@ -26,6 +28,8 @@ from benchmarks.harness import Result, Row, Settings, Stats, Target
 
 SCENARIO = "5 distributed (gloo)"
 WORLD_SIZES = (2, 4)
+AGREEMENT_WORDS = 3  # [seed, kind, per_rank]
+VERIFY_WORDS = 38  # a verification row: 6 header words and 32 fingerprint slots
 
 
 def _free_port() -> int:
@@ -73,16 +77,19 @@ def _rank_main(rank: int, world: int, port: int, quick: bool, out: Any) -> None:
     )
     try:
         available = missing_api() is None
+        # Forked ranks start with different Python RNG states; verify_across_ranks would
+        # (rightly) report them. Every block restores, so this equal start stays equal.
+        detctx.seed_all(1234)
         seed = torch.zeros(1, dtype=torch.int64)
-        mine = torch.zeros(1, dtype=torch.int64)
-        gathered = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
         local = detctx.deterministic(seed=1234)
+
+        def all_gather_of(words: int) -> Any:
+            mine = torch.zeros(words, dtype=torch.int64)
+            gathered = [torch.zeros(words, dtype=torch.int64) for _ in range(world)]
+            return lambda: dist.all_gather(gathered, mine)
 
         def broadcast() -> None:
             dist.broadcast(seed, src=0)
-
-        def all_gather() -> None:
-            dist.all_gather(gathered, mine)
 
         def local_block() -> None:
             with local:
@@ -91,7 +98,8 @@ def _rank_main(rank: int, world: int, port: int, quick: bool, out: Any) -> None:
         loops: dict[str, Any] = {
             "broadcast": broadcast,
             "local block": local_block,
-            "all_gather": all_gather,
+            "all_gather agreement": all_gather_of(AGREEMENT_WORDS),
+            "all_gather verify": all_gather_of(VERIFY_WORDS),
         }
         if available:
             agreeing = getattr(detctx, "distributed_deterministic")  # noqa: B009
@@ -101,6 +109,9 @@ def _rank_main(rank: int, world: int, port: int, quick: bool, out: Any) -> None:
                 with agreeing(seed=None):
                     pass
 
+            agree = getattr(detctx, "agree_seed")  # noqa: B009
+            loops["agree None"] = lambda: agree(None)
+            loops["agree 1234"] = lambda: agree(1234)
             loops["distributed block"] = distributed_block
             loops["verify"] = getattr(detctx, "verify_across_ranks")  # noqa: B009
         n, repeats = (20, 5) if quick else (200, 15)
@@ -110,11 +121,6 @@ def _rank_main(rank: int, world: int, port: int, quick: bool, out: Any) -> None:
         for _ in range(repeats):
             for name, fn in loops.items():
                 samples[name].append(_time_loop(fn, n, dist))
-        if available:
-            samples["agreement"] = [
-                both - alone
-                for both, alone in zip(samples["distributed block"], samples["local block"])
-            ]
         if rank == 0:
             out.put({name: (values, n) for name, values in samples.items()})
     except BaseException as exc:
@@ -167,16 +173,34 @@ def run(settings: Settings) -> Result:
             rows.append(Row(SCENARIO, f"{world} ranks", None, note=f"failed: {data['error']}"))
             continue
         stats = {name: Stats.of(values, n) for name, (values, n) in data.items()}
-        agreement = stats.get("agreement")
+        gather = f"one raw all_gather of {AGREEMENT_WORDS} int64 per rank"
         rows += [
             Row(
                 SCENARIO,
-                f"agreement step, {world} ranks",
-                agreement,
+                f"agreement step, seed=None, {world} ranks",
+                stats.get("agree None"),
+                gather,
+                stats["all_gather agreement"],
+                Target("ratio", 1.5),
+                note=missing or "agree_seed(None): the one collective a block's entry makes",
+            ),
+            Row(
+                SCENARIO,
+                f"agreement step, seed=1234, {world} ranks",
+                stats.get("agree 1234"),
+                gather,
+                stats["all_gather agreement"],
+                Target("ratio", 1.5),
+                note=missing or "agree_seed(1234): every rank checks every rank's seed",
+            ),
+            Row(
+                SCENARIO,
+                f"agreement step, seed=None, {world} ranks",
+                stats.get("agree None"),
                 "one raw broadcast of 1 int64",
                 stats["broadcast"],
-                Target("ratio", 1.5),
-                note=missing or "distributed_deterministic(seed=None) block minus a local block",
+                note=missing
+                or "a broadcast alone could not tell a rank that passed a seed from one that did",
             ),
             Row(
                 SCENARIO,
@@ -190,8 +214,8 @@ def run(settings: Settings) -> Result:
                 SCENARIO,
                 f"verify_across_ranks(), {world} ranks",
                 stats.get("verify"),
-                "one raw all_gather of 1 int64 per rank",
-                stats["all_gather"],
+                f"one raw all_gather of {VERIFY_WORDS} int64 per rank",
+                stats["all_gather verify"],
                 note=missing or "verify also captures and hashes every RNG state",
             ),
         ]
