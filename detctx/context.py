@@ -20,12 +20,13 @@ from __future__ import annotations
 import contextvars
 import logging
 import threading
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, TypeVar, overload
 
-from detctx.errors import OutOfOrderExitError
+from detctx.errors import DeterminismWarning, OutOfOrderExitError
 from detctx.seeds import DEFAULT_SEED, resolve_seed, validate_seed
 from detctx.sources import RNGSource
 from detctx.state import RNGState, active_sources
@@ -152,6 +153,24 @@ class _Frame:
 
 
 _lock = threading.RLock()
+_WAIT_BEFORE_WARNING_S = 10.0
+
+
+def _acquire() -> None:
+    """Take the process-wide lock; say so if another thread's block keeps us waiting."""
+    if _lock.acquire(timeout=_WAIT_BEFORE_WARNING_S):
+        return
+    warnings.warn(
+        f"{threading.current_thread().name} has waited {_WAIT_BEFORE_WARNING_S:.0f} s for "
+        "another thread's deterministic block to exit (blocks are serialised across threads). "
+        "If that thread is waiting for this one, this is a deadlock: do not enter blocks in "
+        "threads that a block's owner waits for.",
+        DeterminismWarning,
+        stacklevel=3,
+    )
+    _lock.acquire()
+
+
 _stack: list[_Frame] = []
 # The frames entered in the current context (thread or asyncio task), innermost last:
 # it tells which frame an exit belongs to, and so whether exits come out of order.
@@ -234,7 +253,7 @@ class deterministic:
 
     def __enter__(self) -> Run:
         seed = self._resolve_seed()
-        _lock.acquire()
+        _acquire()
         try:
             sources = active_sources()
             snapshot = Snapshot.capture(sources)

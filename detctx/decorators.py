@@ -21,6 +21,7 @@ from typing import Any
 from detctx.context import (
     Run,
     Snapshot,
+    _acquire,
     _entered,
     _Frame,
     _lock,
@@ -160,7 +161,7 @@ class _World:
         """Save the caller's world and put the body's in (seeding it on the first step)."""
         saved = self._saved
         seed = self._block._resolve_seed() if saved is None else None
-        _lock.acquire()
+        _acquire()
         try:
             # Looked up on every step: a source registered between steps is the
             # caller's and must be saved and put back for it.

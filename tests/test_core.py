@@ -520,3 +520,27 @@ def test_the_lock_is_released_after_a_failed_entry() -> None:
     t.start()
     t.join(5)
     assert done.is_set()
+
+
+def test_a_thread_kept_waiting_is_told_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    from detctx import context
+
+    monkeypatch.setattr(context, "_WAIT_BEFORE_WARNING_S", 0.05)
+    caught: list[warnings.WarningMessage] = []
+    entered = threading.Event()
+
+    def worker() -> None:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            with detctx.deterministic(seed=2):
+                entered.set()
+        caught.extend(seen)
+
+    with detctx.deterministic(seed=1):
+        thread = threading.Thread(target=worker, name="loader-thread")
+        thread.start()
+        assert not entered.wait(0.3)  # serialised: it cannot enter while this block is open
+    thread.join(5)
+    assert entered.is_set()
+    messages = [str(w.message) for w in caught if w.category is DeterminismWarning]
+    assert any("loader-thread has waited" in m and "deadlock" in m for m in messages), messages
