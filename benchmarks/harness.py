@@ -83,6 +83,9 @@ def repeated(fn: Callable[[], object]) -> Runner:
 
 
 def _calibrate(run: Runner, batch_s: float) -> int:
+    # One call first: a one-time cost (torch imports torch._inductor on the first
+    # use_deterministic_algorithms call, seconds) must not size the batches.
+    run(1)
     n = 1
     while True:
         start = time.perf_counter()
