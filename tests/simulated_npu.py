@@ -10,7 +10,7 @@ initialised, ``manual_seed*`` and ``set_rng_state`` are appended to
 initialisation; ``get_rng_state`` and ``initial_seed`` initialise the device.
 
 The registration can happen once per process, so tests that use it run it in
-a subprocess (see ``run_with_simulated_npu`` in ``conftest.py``). Never use
+a subprocess (see ``run_python`` in ``conftest.py``). Never use
 this outside the tests.
 """
 
