@@ -539,7 +539,7 @@ def test_a_thread_kept_waiting_is_told_why(monkeypatch: pytest.MonkeyPatch) -> N
     with detctx.deterministic(seed=1):
         thread = threading.Thread(target=worker, name="loader-thread")
         thread.start()
-        assert not entered.wait(0.3)  # serialised: it cannot enter while this block is open
+        assert not entered.wait(1.0)  # serialised: it cannot enter while this block is open
     thread.join(5)
     assert entered.is_set()
     messages = [str(w.message) for w in caught if w.category is DeterminismWarning]
