@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, TypeVar, overload
 
+from detctx.accelerators import active_accelerators
 from detctx.errors import DeterminismWarning, OutOfOrderExitError
 from detctx.seeds import DEFAULT_SEED, resolve_seed, validate_seed
 from detctx.sources import RNGSource
@@ -40,8 +41,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _npu_initialized() -> bool:
-    from detctx.accelerators import active_accelerators
-
+    # Ascend reads the deterministic state once per thread (see AlgorithmsSwitch).
     return any(acc.device_type == "npu" and acc.is_initialized() for acc in active_accelerators())
 
 
