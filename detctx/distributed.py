@@ -42,7 +42,7 @@ from detctx.errors import (
 from detctx.seeds import SEED_ENV, derive_seed, resolve_seed, validate_seed
 from detctx.sources import RNGSource
 from detctx.state import RNGState, active_sources
-from detctx.switches import EnvSwitch, default_switches
+from detctx.switches import env_switches
 
 __all__ = [
     "SUPERPOD_ENV",
@@ -724,11 +724,7 @@ def prepare_environment(
     }
     if checked is None and not isinstance(hash_seed, bool):
         raise TypeError(f"hash_seed must be True or False, got {hash_seed!r}")
-    switches = [
-        switch
-        for switch in default_switches(lambda: False)
-        if isinstance(switch, EnvSwitch) and switch.name in settings
-    ]
+    switches = [switch for switch in env_switches() if switch.name in settings]
     for switch in switches:
         switch.validate(settings[switch.name])
     if hccl is not False:

@@ -16,7 +16,7 @@ from typing import IO, Final
 from detctx.curves import Curve, Point, parse_line, split_lines
 from detctx.errors import MetricsError
 from detctx.seeds import SEED_ENV
-from detctx.switches import EnvSwitch, default_switches
+from detctx.switches import env_switches
 
 __all__ = ["RunFailed", "determinism_env", "determinism_variables", "log_file", "run_command"]
 
@@ -30,13 +30,9 @@ class RunFailed(MetricsError):
     """The command exited with a non-zero status; the message holds the end of its output."""
 
 
-def _env_switches() -> list[EnvSwitch]:
-    return [sw for sw in default_switches(lambda: False) if isinstance(sw, EnvSwitch)]
-
-
 def determinism_variables() -> list[str]:
     """The variables :func:`determinism_env` sets."""
-    return [SEED_ENV, *(switch.variable for switch in _env_switches())]
+    return [SEED_ENV, *(switch.variable for switch in env_switches())]
 
 
 def determinism_env(seed: int, base: Mapping[str, str]) -> dict[str, str]:
@@ -47,11 +43,9 @@ def determinism_env(seed: int, base: Mapping[str, str]) -> dict[str, str]:
     """
     env = dict(base)
     env[SEED_ENV] = str(seed)
-    for switch in _env_switches():
-        value = switch.values[True]
-        wanted = value(seed) if callable(value) else value
-        current = env.get(switch.variable)
-        if current is None or current.strip().lower() not in switch.keep | {wanted.lower()}:
+    for switch in env_switches():
+        wanted = switch.target(True, seed, env.get(switch.variable))
+        if wanted is not None:
             env[switch.variable] = wanted
     return env
 

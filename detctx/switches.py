@@ -24,6 +24,7 @@ __all__ = [
     "EnvSwitch",
     "Switch",
     "default_switches",
+    "env_switches",
 ]
 
 
@@ -175,13 +176,21 @@ class EnvSwitch:
     def capture(self) -> Any:
         return _getenv(self.variable)
 
-    def apply(self, setting: Any, seed: int, current: Any) -> str | None:
+    def target(self, setting: Any, seed: int, current: str | None) -> str | None:
+        """The value the variable must hold for ``setting``; ``current`` when it already
+        satisfies it, None when the setting is ``False`` (leave the variable alone)."""
         if setting is False:
             return None
         value = self.values[setting]
         wanted = value(seed) if callable(value) else value
         if current is not None and current.strip().lower() in self.keep | {wanted.lower()}:
-            return f"{self.variable}={current}"
+            return current
+        return wanted
+
+    def apply(self, setting: Any, seed: int, current: Any) -> str | None:
+        wanted = self.target(setting, seed, current)
+        if wanted is None:
+            return None
         if current != wanted:
             reason = self.too_late() if self.too_late is not None else None
             if reason is not None:
@@ -234,6 +243,11 @@ def _hccl_communicator_exists() -> str | None:
             "communicator is configured)"
         )
     return None
+
+
+def env_switches() -> list[EnvSwitch]:
+    """The environment-variable switches alone, for setting up a launch's environment."""
+    return [sw for sw in default_switches(lambda: False) if isinstance(sw, EnvSwitch)]
 
 
 def default_switches(npu_initialized: Callable[[], bool]) -> list[Switch]:
