@@ -23,16 +23,13 @@ import torch
 
 from detctx.accelerators import active_accelerators
 from detctx.seeds import MAX_SEED, SEED_ENV, validate_seed
+from detctx.switches import env_switches
 
 __all__ = ["ENV_VARIABLES", "Diagnosis", "advise", "diagnose"]
 
 ENV_VARIABLES: Final = (
     SEED_ENV,
-    "PYTHONHASHSEED",
-    "CUBLAS_WORKSPACE_CONFIG",
-    "HCCL_DETERMINISTIC",
-    "CLOSE_MATMUL_K_SHIFT",
-    "FLASH_ATTENTION_DETERMINISTIC",
+    *(switch.variable for switch in env_switches()),
     "HCCL_LOGIC_SUPERPOD_ID",
     "NCCL_ALGO",
     "NCCL_NVLS_ENABLE",
