@@ -1,4 +1,4 @@
-"""Scenario 4: ``capture()``, ``RNGState.restore()`` and ``fingerprint()`` alone."""
+"""Scenario 4: ``capture()``, ``Snapshot.restore()`` and ``fingerprint()`` alone."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def run(settings: Settings) -> Result:
             Row(SCENARIO, "capture()", stats["capture"], raw_gets, stats["raw capture"]),
             Row(
                 SCENARIO,
-                "RNGState.restore()",
+                "Snapshot.restore()",
                 stats["restore"],
                 "raw setstate + np set_state + torch set_state",
                 stats["raw restore"],

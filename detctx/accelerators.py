@@ -40,6 +40,7 @@ from detctx.errors import DeterminismWarning
 __all__ = [
     "AcceleratorSource",
     "active_accelerators",
+    "device_module",
     "is_accelerator_name",
     "register_accelerator",
 ]
@@ -77,7 +78,8 @@ def _privateuse1_name() -> str:
     return str(torch._C._get_privateuse1_backend_name())
 
 
-def _device_module(device_type: str) -> Any:
+def device_module(device_type: str) -> Any:
+    """torch's device module for ``device_type`` (``torch.cuda``, ``torch.npu``), or None."""
     get = getattr(torch, "get_device_module", None)  # torch >= 2.3
     if get is not None:
         try:
@@ -127,7 +129,7 @@ def active_accelerators() -> list[AcceleratorSource]:
         names.append(key)
     present = []
     for name in names:
-        module = _device_module(name)
+        module = device_module(name)
         if module is None or not _available(module):
             continue
         source = _sources.get(name)

@@ -1,7 +1,7 @@
 """``@deterministic(...)`` on functions, generators, coroutines and test classes.
 
 A plain function call is one block. A generator, async generator or coroutine
-call gets its own RNG *world* instead: a private :class:`~detctx.context.Snapshot`
+call gets its own RNG *world* instead: a private :class:`~detctx.snapshot.Snapshot`
 (every RNG state and every switch) that is swapped in each time its body is
 resumed and swapped out again, with the caller's world put back, each time it
 stops (yield, ``await`` suspension, ``close``, ``throw``, return, exception).
@@ -16,25 +16,34 @@ import inspect
 import sys
 import unittest
 from collections.abc import AsyncGenerator, Callable, Coroutine, Generator
-from typing import Any
+from types import TracebackType
+from typing import Any, Protocol
 
-from detctx.context import (
-    Run,
-    Snapshot,
-    _acquire,
-    _entered,
-    _Frame,
-    _lock,
-    _stack,
-    deterministic,
-)
+from detctx import frames
+from detctx.settings import Seeding, Settings
+from detctx.snapshot import Snapshot, active_sources
 from detctx.sources import RNGSource
-from detctx.state import active_sources
 
-__all__ = ["decorate"]
+__all__ = ["Block", "decorate"]
 
 
-def decorate(block: deterministic, target: Any) -> Any:
+class Block(Protocol):
+    """What the decorator forms need of a block: its settings, and ``with`` for functions."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    def __enter__(self) -> Seeding: ...
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+
+
+def decorate(block: Block, target: Any) -> Any:
     """Wrap ``target`` so that it runs under ``block``; see :meth:`deterministic.__call__`."""
     if inspect.isclass(target):
         if issubclass(target, unittest.TestCase):
@@ -59,7 +68,7 @@ def decorate(block: deterministic, target: Any) -> Any:
     return _wrap_function(block, target)
 
 
-def _wrap_function(block: deterministic, func: Callable[..., Any]) -> Callable[..., Any]:
+def _wrap_function(block: Block, func: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         with block:
@@ -68,7 +77,7 @@ def _wrap_function(block: deterministic, func: Callable[..., Any]) -> Callable[.
     return wrapper
 
 
-def _wrap_generator(block: deterministic, func: Callable[..., Any]) -> Callable[..., Any]:
+def _wrap_generator(block: Block, func: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Generator[Any, Any, Any]:
         return (yield from _drive(_World(block), func(*args, **kwargs), True))
@@ -76,7 +85,7 @@ def _wrap_generator(block: deterministic, func: Callable[..., Any]) -> Callable[
     return wrapper
 
 
-def _wrap_coroutine(block: deterministic, func: Callable[..., Any]) -> Callable[..., Any]:
+def _wrap_coroutine(block: Block, func: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(func)
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
         return await _Steps(_World(block), func(*args, **kwargs), True)
@@ -84,7 +93,7 @@ def _wrap_coroutine(block: deterministic, func: Callable[..., Any]) -> Callable[
     return wrapper
 
 
-def _wrap_async_generator(block: deterministic, func: Callable[..., Any]) -> Callable[..., Any]:
+def _wrap_async_generator(block: Block, func: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(func)
     async def wrapper(*args: Any, **kwargs: Any) -> AsyncGenerator[Any, Any]:
         inner = func(*args, **kwargs)
@@ -110,7 +119,7 @@ def _wrap_async_generator(block: deterministic, func: Callable[..., Any]) -> Cal
     return wrapper
 
 
-def _decorate_test_case(block: deterministic, cls: type[unittest.TestCase]) -> type[Any]:
+def _decorate_test_case(block: Block, cls: type[unittest.TestCase]) -> type[Any]:
     """Wrap every test method (inherited ones too), as ``unittest.mock.patch`` does."""
     prefix = unittest.TestLoader.testMethodPrefix
     for name in dir(cls):
@@ -129,92 +138,64 @@ class _World:
 
     Between steps it holds the body's snapshot and the ``with deterministic``
     blocks the body has open; during a step it holds the caller's snapshot.
-    A step holds the core lock, so a step and another thread's block never
+    A step holds the block lock, so a step and another thread's block never
     overlap; the body's own open blocks keep their lock holds only while the
     body runs, so a suspended generator blocks no other thread.
     """
 
-    __slots__ = (
-        "_base",
-        "_block",
-        "_blocks",
-        "_caller",
-        "_caller_entered",
-        "_frames",
-        "_saved",
-        "_sources",
-        "run",
-    )
+    __slots__ = ("_caller", "_parked", "_position", "_saved", "_settings", "_sources", "seeding")
 
-    def __init__(self, block: deterministic) -> None:
-        self._block = block
+    def __init__(self, block: Block) -> None:
+        self._settings = block.settings
         self._saved: Snapshot | None = None
         self._caller: Snapshot | None = None
         self._sources: list[tuple[str, RNGSource]] = []
-        self._frames: list[_Frame] = []
-        self._blocks: tuple[_Frame, ...] = ()
-        self._base = 0
-        self._caller_entered: tuple[_Frame, ...] = ()
-        self.run: Run | None = None
+        self._parked: frames.Parked | None = None
+        self._position: frames.Position | None = None
+        self.seeding: Seeding | None = None
 
     def resume(self) -> None:
         """Save the caller's world and put the body's in (seeding it on the first step)."""
         saved = self._saved
-        seed = self._block._resolve_seed() if saved is None else None
-        _acquire()
+        seed = self._settings.resolve_seed() if saved is None else 0
+        frames.acquire()
         try:
             # Looked up on every step: a source registered between steps is the
             # caller's and must be saved and put back for it.
             sources = active_sources()
-            caller = Snapshot.capture(sources)
+            caller = Snapshot.capture(sources, switches=True)
             try:
                 if saved is None:
-                    assert seed is not None
-                    self.run = self._block._options.apply(sources, seed, caller)
+                    self.seeding = self._settings.apply(sources, seed, caller)
                 else:
                     saved.restore(unchanged=caller)
             except BaseException:
                 caller.restore()
                 raise
         except BaseException:
-            _lock.release()
+            frames.release()
             raise
         self._sources = sources
         self._caller = caller
-        self._base = len(_stack)
-        self._caller_entered = entered = _entered.get()
-        if self._blocks:
-            for _ in self._blocks:
-                _lock.acquire()
-            _stack.extend(self._frames)
-            _entered.set(entered + self._blocks)
+        self._position = frames.position()
+        if self._parked is not None:
+            frames.unpark(self._parked)
 
     def suspend(self, finished: bool) -> None:
         """Save the body's world (unless ``finished``) and put the caller's back."""
-        caller = self._caller
-        assert caller is not None
-        self._caller = None
+        caller, since = self._caller, self._position
+        assert caller is not None and since is not None
+        self._caller = self._position = None
         try:
-            if len(_stack) != self._base or _entered.get() is not self._caller_entered:
-                self._park_blocks()
+            self._parked = frames.park(since)
             saved = None
             try:
                 if not finished:
-                    saved = self._saved = Snapshot.capture(self._sources)
+                    saved = self._saved = Snapshot.capture(self._sources, switches=True)
             finally:
                 caller.restore(unchanged=saved)
         finally:
-            _lock.release()
-
-    def _park_blocks(self) -> None:
-        """Take the body's open ``with`` blocks off the shared stack until the next step."""
-        self._frames = _stack[self._base :]
-        del _stack[self._base :]
-        now = _entered.get()
-        self._blocks = now[len(self._caller_entered) :]
-        _entered.set(self._caller_entered)
-        for _ in self._blocks:
-            _lock.release()
+            frames.release()
 
 
 def _drive(world: _World, steps: Any, returns_at_end: bool) -> Generator[Any, Any, Any]:

@@ -14,7 +14,8 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 
-from detctx._numpy_state import restore_random_state
+from detctx.accelerators import is_accelerator_name
+from detctx.numpy_restore import restore_random_state
 
 __all__ = [
     "RNGSource",
@@ -166,8 +167,6 @@ def register_source(name: str, source: object) -> None:
     if not isinstance(name, str) or not name:
         raise TypeError(f"source name must be a non-empty string, got {name!r}")
     adapted = as_source(source)
-    from detctx.accelerators import is_accelerator_name
-
     if name in _registry or is_accelerator_name(name):
         raise ValueError(f"an RNG source named {name!r} is already registered")
     global _version

@@ -1,38 +1,78 @@
 """Determinism switches: algorithm flags and environment variables.
 
 Each switch follows the RNG sources' shape: ``capture()`` the current value,
-``apply(setting, seed)`` the deterministic one, ``restore(saved)`` the old one.
-A switch's setting is validated once, when the block is configured, so a bad
-option fails before anything is changed.
+``apply(setting, seed, current)`` the deterministic one, ``restore(saved)``
+the old one. The switch options are declared once, in :class:`SwitchOptions`
+(the keywords of ``deterministic``, ``seed_all`` and
+``distributed_deterministic``), and implemented once, in :data:`SWITCHES`; a
+new switch is one entry in each. A switch's setting is validated once, when a
+block is configured, so a bad option fails before anything is changed.
 """
 
 from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Final, Literal, Protocol
 
 import torch
+from typing_extensions import TypedDict
 
+from detctx.accelerators import active_accelerators
 from detctx.errors import DeterminismWarning
 
 __all__ = [
+    "SWITCHES",
     "AlgorithmsSwitch",
     "CudnnSwitch",
     "EnvSwitch",
+    "EnvSwitchOptions",
     "Switch",
-    "default_switches",
+    "SwitchOptions",
     "env_switches",
+    "switch_names",
+    "validate_switches",
 ]
+
+
+class EnvSwitchOptions(TypedDict, total=False):
+    """The environment-variable switches (also taken by ``prepare_environment``).
+
+    Each is on (``True``) unless turned off with ``False``.
+    """
+
+    hash_seed: bool
+    """``PYTHONHASHSEED=str(seed)`` for child processes (overwrites a user value)."""
+    cublas_workspace: bool
+    """``CUBLAS_WORKSPACE_CONFIG=:4096:8`` (a user's ``:16:8`` is kept)."""
+    hccl: bool | Literal["strict"]
+    """``HCCL_DETERMINISTIC=true``; ``"strict"`` for ``strict`` (a user's ``strict`` is kept)."""
+    matmul_k_shift: bool
+    """``CLOSE_MATMUL_K_SHIFT=1`` (Ascend's matmul reduction order)."""
+    flash_attention: bool
+    """``FLASH_ATTENTION_DETERMINISTIC=1`` (read by HF transformers)."""
+
+
+class SwitchOptions(EnvSwitchOptions, total=False):
+    """Every switch a block sets, as keyword arguments (``**switches``).
+
+    Each is on (``True``) unless turned off with ``False``.
+    """
+
+    algorithms: bool | Literal["warn"]
+    """``torch.use_deterministic_algorithms(True)``; ``"warn"`` for ``warn_only=True``."""
+    cudnn: bool
+    """``torch.backends.cudnn.deterministic = True`` and ``benchmark = False``."""
 
 
 class Switch(Protocol):
     """One determinism setting detctx can save, set and put back."""
 
     @property
-    def name(self) -> str: ...
+    def name(self) -> str:
+        """The switch's keyword (a key of :class:`SwitchOptions`)."""
 
     def validate(self, setting: object) -> None:
         """Raise ``TypeError`` / ``ValueError`` for a setting this switch does not accept."""
@@ -66,8 +106,7 @@ class AlgorithmsSwitch:
 
     name = "algorithms"
 
-    def __init__(self, npu_initialized: Callable[[], bool]) -> None:
-        self._npu_initialized = npu_initialized
+    def __init__(self) -> None:
         utils_det = getattr(torch.utils, "deterministic", None)
         self._fill = utils_det if hasattr(utils_det, "fill_uninitialized_memory") else None
 
@@ -90,7 +129,7 @@ class AlgorithmsSwitch:
         if setting is False:
             return None
         warn_only = setting == "warn"
-        if current[:2] != (True, warn_only) and self._npu_initialized():
+        if current[:2] != (True, warn_only) and _npu_initialized():
             warnings.warn(
                 "torch.use_deterministic_algorithms was changed after the NPU was initialised; "
                 "Ascend reads the deterministic state once per thread, at the first op launch "
@@ -245,31 +284,68 @@ def _hccl_communicator_exists() -> str | None:
     return None
 
 
+def _npu_initialized() -> bool:
+    # Ascend reads the deterministic state once per thread (see AlgorithmsSwitch).
+    return any(acc.device_type == "npu" and acc.is_initialized() for acc in active_accelerators())
+
+
+SWITCHES: Final[tuple[Switch, ...]] = (
+    AlgorithmsSwitch(),
+    CudnnSwitch(),
+    EnvSwitch("hash_seed", "PYTHONHASHSEED", {True: str}),
+    EnvSwitch(
+        "cublas_workspace",
+        "CUBLAS_WORKSPACE_CONFIG",
+        {True: ":4096:8"},
+        keep=frozenset({":4096:8", ":16:8"}),
+        too_late=_cuda_initialised,
+    ),
+    EnvSwitch(
+        "hccl",
+        "HCCL_DETERMINISTIC",
+        {True: "true", "strict": "strict"},
+        keep=frozenset({"strict"}),
+        too_late=_hccl_communicator_exists,
+    ),
+    EnvSwitch("matmul_k_shift", "CLOSE_MATMUL_K_SHIFT", {True: "1"}),
+    EnvSwitch("flash_attention", "FLASH_ATTENTION_DETERMINISTIC", {True: "1"}),
+)
+"""Every switch a block manages, in the order they are applied (restored in reverse)."""
+
+
 def env_switches() -> list[EnvSwitch]:
     """The environment-variable switches alone, for setting up a launch's environment."""
-    return [sw for sw in default_switches(lambda: False) if isinstance(sw, EnvSwitch)]
+    return [switch for switch in SWITCHES if isinstance(switch, EnvSwitch)]
 
 
-def default_switches(npu_initialized: Callable[[], bool]) -> list[Switch]:
-    """The switches every block manages, in the order they are applied."""
-    return [
-        AlgorithmsSwitch(npu_initialized),
-        CudnnSwitch(),
-        EnvSwitch("hash_seed", "PYTHONHASHSEED", {True: str}),
-        EnvSwitch(
-            "cublas_workspace",
-            "CUBLAS_WORKSPACE_CONFIG",
-            {True: ":4096:8"},
-            keep=frozenset({":4096:8", ":16:8"}),
-            too_late=_cuda_initialised,
-        ),
-        EnvSwitch(
-            "hccl",
-            "HCCL_DETERMINISTIC",
-            {True: "true", "strict": "strict"},
-            keep=frozenset({"strict"}),
-            too_late=_hccl_communicator_exists,
-        ),
-        EnvSwitch("matmul_k_shift", "CLOSE_MATMUL_K_SHIFT", {True: "1"}),
-        EnvSwitch("flash_attention", "FLASH_ATTENTION_DETERMINISTIC", {True: "1"}),
-    ]
+def switch_names() -> list[str]:
+    """The switches' keywords, in order."""
+    return [switch.name for switch in SWITCHES]
+
+
+def validate_switches(
+    given: Mapping[str, object], *, caller: str, only: Mapping[str, Switch] | None = None
+) -> dict[str, object]:
+    """Every switch's setting: ``given``, checked, with the rest on (``True``).
+
+    ``only`` limits the accepted switches (``prepare_environment`` takes the
+    environment ones). Raises ``TypeError`` naming ``caller`` for an unknown
+    keyword, and the switch's own ``TypeError`` / ``ValueError`` for a bad
+    setting, before anything is changed.
+    """
+    accepted = only if only is not None else _BY_NAME
+    unknown = [name for name in given if name not in accepted]
+    if unknown:
+        raise TypeError(
+            f"{caller}() got an unexpected keyword argument {unknown[0]!r}; the switches it "
+            f"takes are {', '.join(accepted)}"
+        )
+    settings: dict[str, object] = {}
+    for name, switch in accepted.items():
+        setting = given.get(name, True)
+        switch.validate(setting)
+        settings[name] = setting
+    return settings
+
+
+_BY_NAME: Final[dict[str, Switch]] = {switch.name: switch for switch in SWITCHES}

@@ -14,7 +14,7 @@ import torch
 from detctx.context import deterministic
 from detctx.errors import NotReproducibleError
 from detctx.seeds import DEFAULT_SEED, resolve_seed, validate_seed
-from detctx.state import RNGState, active_sources
+from detctx.snapshot import Snapshot
 
 __all__ = ["check_gradients", "check_reproducible", "first_difference"]
 
@@ -68,7 +68,7 @@ def check_reproducible(
         with block:
             result = fn(*args, **kwargs)
             frozen = _freeze(result)
-            rng = _source_fingerprints()
+            rng = Snapshot.capture().source_fingerprints()
         if index == 0:
             first, reference, reference_rng = result, frozen, rng
             continue
@@ -227,14 +227,6 @@ def _freeze(value: Any) -> Any:
         items = [_freeze(item) for item in value]
         return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
     return value
-
-
-def _source_fingerprints() -> dict[str, str]:
-    sources = active_sources()
-    state = RNGState.capture(sources)
-    return {
-        name: RNGState([(name, source)], [state[name]]).fingerprint() for name, source in sources
-    }
 
 
 def _raise_if_different(reference: Any, result: Any, run: int, seed: int | None) -> None:

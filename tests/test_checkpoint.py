@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import detctx
-from detctx.checkpoint import VERSION
+from detctx.state_dict import VERSION
 
 TESTS = Path(__file__).resolve().parent
 

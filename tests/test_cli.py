@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from detctx import cli
-from detctx.curves import compile_pattern, extract
-from detctx.doctor import Diagnosis, advise
+from detctx.cli.curves import compile_pattern, extract
+from detctx.cli.doctor import Diagnosis, advise
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -523,9 +523,9 @@ def test_the_lock_is_released_after_a_failed_entry() -> None:
 
 
 def test_a_thread_kept_waiting_is_told_why(monkeypatch: pytest.MonkeyPatch) -> None:
-    from detctx import context
+    from detctx import frames
 
-    monkeypatch.setattr(context, "_WAIT_BEFORE_WARNING_S", 0.05)
+    monkeypatch.setattr(frames, "WAIT_BEFORE_WARNING_S", 0.05)
     caught: list[warnings.WarningMessage] = []
     entered = threading.Event()
 
@@ -544,3 +544,13 @@ def test_a_thread_kept_waiting_is_told_why(monkeypatch: pytest.MonkeyPatch) -> N
     assert entered.is_set()
     messages = [str(w.message) for w in caught if w.category is DeterminismWarning]
     assert any("loader-thread has waited" in m and "deadlock" in m for m in messages), messages
+
+
+def test_open_blocks_lists_what_each_open_block_applied_outermost_first() -> None:
+    outside = detctx.open_blocks()  # blocks around the test (pytest --detctx-seed)
+    with detctx.deterministic(seed=5), detctx.deterministic(seed=6, cudnn=False):
+        inside = detctx.open_blocks()
+    assert [seeding.seed for seeding in inside[len(outside) :]] == [5, 6]
+    assert "algorithms=on" in inside[-1].switches
+    assert not any("cudnn" in switch for switch in inside[-1].switches)
+    assert detctx.open_blocks() == outside

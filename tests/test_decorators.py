@@ -20,7 +20,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import detctx
-from detctx.context import _stack
 
 
 def mindspeed_seed(s: int) -> None:
@@ -173,7 +172,7 @@ def test_interleaved_generators_each_produce_what_they_produce_alone(schedule: l
 
 
 def test_return_value_and_return_inside_with() -> None:
-    depth = len(_stack)  # blocks open around the test (pytest --detctx-seed)
+    depth = len(detctx.open_blocks())  # blocks open around the test (pytest --detctx-seed)
 
     @detctx.deterministic(seed=2)
     def head(n: int) -> Iterator[tuple[object, ...]]:
@@ -189,7 +188,7 @@ def test_return_value_and_return_inside_with() -> None:
         next(items)
     assert stop.value.value == 40
     assert draws() == seeded_draws(100, 1)[0]
-    assert len(_stack) == depth
+    assert len(detctx.open_blocks()) == depth
 
 
 def test_close_runs_the_body_cleanup_in_its_own_world() -> None:
@@ -255,7 +254,7 @@ def test_an_uncaught_throw_or_exception_restores_the_caller() -> None:
 
 
 def test_blocks_inside_a_generator_nest_independently_of_the_callers_blocks() -> None:
-    depth = len(_stack)  # blocks open around the test (pytest --detctx-seed)
+    depth = len(detctx.open_blocks())  # blocks open around the test (pytest --detctx-seed)
 
     @detctx.deterministic(seed=2)
     def two_phases() -> Iterator[tuple[object, ...]]:
@@ -275,11 +274,11 @@ def test_blocks_inside_a_generator_nest_independently_of_the_callers_blocks() ->
     assert [first, second] == seeded_draws(9, 2)
     assert third == seeded_draws(2, 1)[0]
     assert caller == seeded_draws(1, 1)[0]
-    assert len(_stack) == depth
+    assert len(detctx.open_blocks()) == depth
 
 
 def test_a_suspended_generator_holding_a_block_does_not_block_other_threads() -> None:
-    if _stack:
+    if detctx.open_blocks():
         pytest.skip("an enclosing block (pytest --detctx-seed) holds the lock for the whole test")
 
     @detctx.deterministic(seed=2)
@@ -423,7 +422,7 @@ def test_coroutine_results_exceptions_and_nesting() -> None:
 
 
 def test_blocks_held_across_awaits_in_two_decorated_tasks_do_not_clash() -> None:
-    depth = len(_stack)  # blocks open around the test (pytest --detctx-seed)
+    depth = len(detctx.open_blocks())  # blocks open around the test (pytest --detctx-seed)
 
     @detctx.deterministic(seed=2)
     async def task(seed: int, hold: float) -> tuple[object, ...]:
@@ -435,7 +434,7 @@ def test_blocks_held_across_awaits_in_two_decorated_tasks_do_not_clash() -> None
         return list(await asyncio.gather(task(1, 0.01), task(5, 0.0)))
 
     assert asyncio.run(main()) == [seeded_draws(1, 1)[0], seeded_draws(5, 1)[0]]
-    assert len(_stack) == depth
+    assert len(detctx.open_blocks()) == depth
 
 
 # --- async generators ---------------------------------------------------------------------------

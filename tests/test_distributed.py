@@ -32,8 +32,9 @@ from detctx import (
     prepare_environment,
     verify_across_ranks,
 )
-from detctx.distributed import _compare, _decide, _verification_row
-from detctx.state import active_sources
+from detctx.distributed.agreement import decide
+from detctx.distributed.verification import compare_rows, verification_row
+from detctx.snapshot import active_sources
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is absent")
 
@@ -228,7 +229,7 @@ def test_bad_arguments_fail_at_construction(kwargs: dict[str, Any], error: type)
 def test_mismatch_message_lists_every_rank_compactly() -> None:
     rows = [[9, 1, 0]] * 6 + [[8, 1, 0]] + [[9, 1, 0]]
     with pytest.raises(SeedMismatchError) as caught:
-        _decide(rows, 0)
+        decide(rows, 0)
     assert "seed=9 on ranks 0-5, 7; seed=8 on rank 6" in str(caught.value)
     assert caught.value.seeds == (9, 9, 9, 9, 9, 9, 8, 9)
 
@@ -236,9 +237,9 @@ def test_mismatch_message_lists_every_rank_compactly() -> None:
 def test_a_rank_managing_other_sources_is_named() -> None:
     usual = sorted(active_sources(), key=lambda item: item[0])
     extra = [*usual, ("sampler", detctx.sources.as_source(random.Random(3)))]
-    rows = [_verification_row(None, usual)] * 2 + [_verification_row(None, extra)]
+    rows = [verification_row(None, usual)] * 2 + [verification_row(None, extra)]
     names = [name for name, _ in usual]
-    assert _compare(rows, rows[0], names) == {2: ("sources",)}
+    assert compare_rows(rows, rows[0], names) == {2: ("sources",)}
 
 
 # --- parallel layouts ----------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The pytest plugin: the marker, the detctx_run fixture and --detctx-seed, run with pytester."""
+"""The pytest plugin: marker, detctx_seeding fixture and --detctx-seed, run with pytester."""
 
 from __future__ import annotations
 
@@ -23,10 +23,10 @@ def draws():
 
 
 # Keep the test's seed in seeds/ (a file each: pytest-xdist workers run at the same time).
-def record(request, run):
+def record(request, seeding):
     folder = request.config.rootpath / "seeds"
     folder.mkdir(exist_ok=True)
-    (folder / request.node.name).write_text(f"{request.node.nodeid} {run.seed}")
+    (folder / request.node.name).write_text(f"{request.node.nodeid} {seeding.seed}")
 
 
 def seeded(seed):
@@ -90,7 +90,7 @@ def test_the_marker_runs_the_test_and_its_fixtures_in_a_seeded_block(
     helpers.runpytest("-W", "error::pytest.PytestUnknownMarkWarning").assert_outcomes(passed=4)
 
 
-def test_the_detctx_run_fixture_reports_the_active_run(helpers: pytest.Pytester) -> None:
+def test_the_detctx_seeding_fixture_reports_the_active_block(helpers: pytest.Pytester) -> None:
     helpers.makepyfile(
         test_fixture="""
         import pytest
@@ -98,17 +98,21 @@ def test_the_detctx_run_fixture_reports_the_active_run(helpers: pytest.Pytester)
         from helpers import draws, seeded
 
         @pytest.mark.deterministic(seed=9)
-        def test_inside_the_markers_block(detctx_run):
-            assert detctx_run.seed == 9
+        def test_inside_the_markers_block(detctx_seeding):
+            assert detctx_seeding.seed == 9
             assert draws() == seeded(9)
 
-        def test_a_block_of_its_own_without_a_marker(detctx_run):
-            assert detctx_run.seed == 1234
+        def test_a_block_of_its_own_without_a_marker(detctx_seeding):
+            assert detctx_seeding.seed == 1234
             assert torch.are_deterministic_algorithms_enabled()
             assert draws() == seeded(1234)
+
+        @pytest.mark.deterministic(seed=4)
+        def test_the_former_fixture_name_still_works(detctx_run, detctx_seeding):
+            assert detctx_run is detctx_seeding and detctx_run.seed == 4
         """
     )
-    helpers.runpytest().assert_outcomes(passed=2)
+    helpers.runpytest().assert_outcomes(passed=3)
 
 
 def test_bad_marker_arguments_fail_that_test_with_a_clear_message(
@@ -145,20 +149,20 @@ SEEDED_SESSION = """
 import pytest
 from helpers import draws, record, seeded
 
-def test_a(detctx_run, request):
-    record(request, detctx_run)
-    assert draws() == seeded(detctx_run.seed)
+def test_a(detctx_seeding, request):
+    record(request, detctx_seeding)
+    assert draws() == seeded(detctx_seeding.seed)
 
-def test_b(detctx_run, request):
-    record(request, detctx_run)
+def test_b(detctx_seeding, request):
+    record(request, detctx_seeding)
 
 @pytest.mark.deterministic(seed=2)
-def test_pinned(detctx_run, request):
-    record(request, detctx_run)
+def test_pinned(detctx_seeding, request):
+    record(request, detctx_seeding)
 
 @pytest.mark.deterministic(algorithms="warn")
-def test_marker_without_seed(detctx_run, request):
-    record(request, detctx_run)
+def test_marker_without_seed(detctx_seeding, request):
+    record(request, detctx_seeding)
 """
 
 

@@ -2,21 +2,21 @@
 
 A curve is the sequence of metric values a log prints, one per matching line,
 in order. Two curves agree when they have the same number of points and every
-point is the same float, bit for bit (NaN equals NaN; ``-0.0`` differs from
-``0.0``). Carriage returns count as line ends, so progress-bar refreshes
-(tqdm, Lightning) are separate lines.
+point is the same float by :func:`detctx.equality.same_float` (bit for bit;
+NaN equals NaN; ``-0.0`` differs from ``0.0``). Carriage returns count as line
+ends, so progress-bar refreshes (tqdm, Lightning) are separate lines.
 """
 
 from __future__ import annotations
 
 import math
 import re
-import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from detctx.equality import same_float
 from detctx.errors import MetricsError, MissingDependencyError
 
 __all__ = [
@@ -31,7 +31,6 @@ __all__ = [
     "parse_line",
     "plot",
     "read_log",
-    "same_value",
     "split_lines",
 ]
 
@@ -148,13 +147,6 @@ def no_points_message(name: str, pattern: re.Pattern[str]) -> str:
     return f"no metric lines in {name} (looked for {shown}); pass --pattern to match your log"
 
 
-def same_value(a: float, b: float) -> bool:
-    """Bit-for-bit float equality, except that every NaN equals every NaN."""
-    if math.isnan(a) and math.isnan(b):
-        return True
-    return struct.pack("<d", a) == struct.pack("<d", b)
-
-
 @dataclass(frozen=True)
 class Comparison:
     """How several curves compare with the first.
@@ -196,7 +188,7 @@ def compare(curves: Sequence[Curve]) -> Comparison:
                 differs = True
                 continue
             a, b = reference[index].value, curve.points[index].value
-            if not same_value(a, b):
+            if not same_float(a, b):
                 differs = True
                 gap = abs(a - b)
                 max_abs = math.nan if math.isnan(gap) or math.isnan(max_abs) else max(max_abs, gap)
@@ -251,7 +243,7 @@ def _table(curves: Sequence[Curve], start: int, stop: int) -> str:
                 cells.append("-")
                 continue
             point = curve.points[index]
-            same = index < len(reference) and same_value(reference[index].value, point.value)
+            same = index < len(reference) and same_float(reference[index].value, point.value)
             cells.append(point.text + ("" if same else " *"))
         columns.append(cells)
     widths = [max(len(cell) for cell in cells) for cells in columns]

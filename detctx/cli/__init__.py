@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from detctx.curves import (
+from detctx.cli.curves import (
     Comparison,
     compare,
     compile_pattern,
@@ -28,7 +28,7 @@ from detctx.curves import (
     read_log,
 )
 from detctx.errors import DetctxError, MetricsError
-from detctx.seeds import DEFAULT_SEED, SEED_ENV, resolve_seed, validate_seed
+from detctx.seeds import DEFAULT_SEED, SEED_ENV, parse_seed, resolve_seed
 
 __all__ = ["main"]
 
@@ -39,6 +39,13 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         self.print_usage(sys.stderr)
         self.exit(USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _seed_argument(text: str) -> int:
+    try:
+        return parse_seed(text, "--seed")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -78,7 +85,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("-n", "--runs", type=int, default=2, help="how many runs (default 2)")
     run.add_argument(
         "--seed",
-        type=int,
+        type=_seed_argument,
         help=f"the seed for every run (default ${SEED_ENV}, else {DEFAULT_SEED})",
     )
     run.add_argument("--log-dir", type=Path, help="keep each run's output as DIR/runN.log")
@@ -102,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "doctor":
             return _doctor(args)
         if args.command == "demo":
-            from detctx import demo
+            from detctx.cli import demo
 
             return demo.main()
         pattern = compile_pattern(args.pattern)
@@ -121,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from detctx.doctor import diagnose
+    from detctx.cli.doctor import diagnose
 
     diagnosis = diagnose(read_device_names=True)
     if args.json:
@@ -134,7 +141,7 @@ def _doctor(args: argparse.Namespace) -> int:
 def _run(
     parser: argparse.ArgumentParser, args: argparse.Namespace, pattern: re.Pattern[str]
 ) -> int:
-    from detctx.runner import determinism_env, determinism_variables, log_file, run_command
+    from detctx.cli.repeat import determinism_env, determinism_variables, log_file, run_command
 
     command = list(args.cmd)
     if command and command[0] == "--":
@@ -144,7 +151,7 @@ def _run(
     if args.runs < 2:
         parser.error(f"-n must be at least 2 to compare anything, got {args.runs}")
     if args.seed is not None:
-        seed = validate_seed(args.seed, "--seed")
+        seed = args.seed
     elif os.environ.get(SEED_ENV, "").strip():
         seed = resolve_seed(None)
     else:

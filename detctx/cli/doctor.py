@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from detctx.accelerators import active_accelerators
-from detctx.seeds import MAX_SEED, SEED_ENV, validate_seed
+from detctx.seeds import MAX_SEED, SEED_ENV, parse_seed
 from detctx.switches import env_switches
 
 __all__ = ["ENV_VARIABLES", "Diagnosis", "advise", "diagnose"]
@@ -158,7 +158,7 @@ def advise(diagnosis: Diagnosis, *, torch_npu_installed: bool = False) -> list[s
     seed = env.get(SEED_ENV)
     if seed is not None and seed.strip():
         try:
-            validate_seed(int(seed.strip(), 0), SEED_ENV)
+            parse_seed(seed, SEED_ENV)
         except ValueError:
             advice.append(
                 f"{SEED_ENV}={seed} is not a seed in [0, {MAX_SEED}]: deterministic(seed=None) "

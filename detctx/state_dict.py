@@ -1,6 +1,6 @@
-"""RNG states as plain data, for checkpoints.
+"""RNG states to and from plain data, for checkpoints.
 
-``RNGState.state_dict()`` turns every captured state into tensors, ints,
+``Snapshot.state_dict()`` turns every captured state into tensors, ints,
 floats, strings, ``None``, lists and dicts, so that ``torch.save`` followed by
 ``torch.load(..., weights_only=True)`` brings it back with no pickled NumPy
 objects and no allow-list. Each source kind has its own conversion:
@@ -77,10 +77,10 @@ class PlainStateSource(Protocol):
     def state_from_plain(self, plain: Any) -> Any: ...
 
 
-def encode(sources: list[tuple[str, RNGSource]], states: list[Any]) -> dict[str, Any]:
-    """The state dict of the given sources' captured states."""
+def encode(captured: list[tuple[str, RNGSource, Any]]) -> dict[str, Any]:
+    """The state dict of ``(name, source, captured state)`` triples."""
     entries: dict[str, Any] = {}
-    for (name, source), state in zip(sources, states):
+    for name, source, state in captured:
         kind, plain = _encode_one(name, source, state)
         entries[name] = {"kind": kind, "state": plain}
     return {"format": FORMAT, "version": VERSION, "sources": entries}
@@ -88,8 +88,8 @@ def encode(sources: list[tuple[str, RNGSource]], states: list[Any]) -> dict[str,
 
 def decode(
     state_dict: object, sources: list[tuple[str, RNGSource]], *, strict: bool = True
-) -> tuple[list[tuple[str, RNGSource]], list[Any]]:
-    """The sources and states a state dict holds, matched to this process's ``sources``.
+) -> list[tuple[str, RNGSource, Any]]:
+    """The ``(name, source, state)`` triples a state dict holds, matched to ``sources``.
 
     Raises :class:`CheckpointError` for a dict of another format or version,
     a saved source that is not registered here, a state that does not fit its
@@ -105,8 +105,7 @@ def decode(
                 "which this process manages (saved where they did not exist?); pass "
                 "strict=False to leave them as they are"
             )
-    matched: list[tuple[str, RNGSource]] = []
-    states: list[Any] = []
+    decoded: list[tuple[str, RNGSource, Any]] = []
     for name, entry in entries.items():
         source = by_name.get(name)
         if source is None:
@@ -119,9 +118,8 @@ def decode(
             )
         if not isinstance(entry, Mapping) or not isinstance(entry.get("kind"), str):
             raise CheckpointError(f"the RNG state dict's entry for {name!r} is malformed")
-        states.append(_decode_one(name, source, entry["kind"], entry.get("state")))
-        matched.append((name, source))
-    return matched, states
+        decoded.append((name, source, _decode_one(name, source, entry["kind"], entry.get("state"))))
+    return decoded
 
 
 def _check_header(state_dict: object) -> Mapping[str, Any]:

@@ -27,7 +27,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from detctx.context import deterministic
 from detctx.data import loader_generator, seed_worker
-from detctx.state import capture, restore
+from detctx.equality import same_float
+from detctx.snapshot import capture, restore
 
 __all__ = ["main", "train"]
 
@@ -109,19 +110,15 @@ def _unseeded() -> list[float]:
         restore(saved)
 
 
-def _same(a: float, b: float) -> bool:
-    return np.float64(a).tobytes() == np.float64(b).tobytes()
-
-
 def _first_divergence(reference: list[float], other: list[float]) -> int | None:
     for step, (a, b) in enumerate(zip(reference, other), start=1):
-        if not _same(a, b):
+        if not same_float(a, b):
             return step
     return None
 
 
 def _cell(reference: float, value: float) -> str:
-    return "=" if _same(reference, value) else str(np.float32(value))
+    return "=" if same_float(reference, value) else str(np.float32(value))
 
 
 def main(out: IO[str] | None = None, progress: IO[str] | None = None) -> int:

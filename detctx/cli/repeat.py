@@ -1,4 +1,4 @@
-"""Run a training command with the determinism environment and read its curve."""
+"""``detctx run``: start a training command with the determinism environment, read its curve."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Final
 
-from detctx.curves import Curve, Point, parse_line, split_lines
+from detctx.cli.curves import Curve, Point, parse_line, split_lines
 from detctx.errors import MetricsError
 from detctx.seeds import SEED_ENV
 from detctx.switches import env_switches

@@ -1,0 +1,131 @@
+"""The package's layout: imports flow one way, private names stay private, modules stay small."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import get_type_hints
+
+import detctx
+from detctx.switches import SWITCHES, EnvSwitch, EnvSwitchOptions, SwitchOptions
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "detctx"
+MAX_LINES = 400
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imports_of(path: Path, name: str) -> list[tuple[str, list[str]]]:
+    """``(imported module, names taken from it)`` for every import in the file, lazy ones too."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: list[tuple[str, list[str]]] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.extend((alias.name, []) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parent, base] if base else parent)
+            found.append((base, [alias.name for alias in node.names]))
+    return found
+
+
+def dependency_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {name: set() for name in MODULES}
+    for name, path in MODULES.items():
+        for base, names in imports_of(path, name):
+            submodules = {f"{base}.{item}" for item in names} & MODULES.keys()
+            targets = submodules or ({base} & MODULES.keys())
+            graph[name] |= targets - {name}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    done: set[str] = set()
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        for nxt in sorted(graph[node]):
+            if nxt in path:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in done:
+                cycle = visit(nxt, [*path, nxt])
+                if cycle:
+                    return cycle
+        done.add(node)
+        return None
+
+    for start in sorted(graph):
+        if start not in done:
+            cycle = visit(start, [start])
+            if cycle:
+                return cycle
+    return None
+
+
+def test_the_package_has_no_import_cycle() -> None:
+    graph = dependency_graph()
+    assert graph.get("detctx.context")  # the walk sees imports
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])
+
+
+def test_a_cycle_would_be_found() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_module_takes_a_private_name_from_another() -> None:
+    offenders = []
+    for path in [*MODULES.values(), *sorted((ROOT / "tests").glob("*.py"))]:
+        name = module_name(path)
+        for base, names in imports_of(path, name):
+            if base.split(".")[0] != "detctx" or base == name:
+                continue
+            private = [item for item in names if item.startswith("_") and not item.startswith("__")]
+            if private or any(part.startswith("_") for part in base.split(".")):
+                offenders.append(f"{name}: from {base} import {', '.join(private or names)}")
+    assert offenders == []
+
+
+def test_every_module_is_a_few_hundred_lines_at_most() -> None:
+    sizes = {
+        name: len(path.read_text(encoding="utf-8").splitlines()) for name, path in MODULES.items()
+    }
+    assert {name: size for name, size in sizes.items() if size > MAX_LINES} == {}
+
+
+def test_the_switch_options_are_declared_once_and_match_the_switches() -> None:
+    assert list(get_type_hints(SwitchOptions)) == [
+        *get_type_hints(EnvSwitchOptions),
+        "algorithms",
+        "cudnn",
+    ]
+    assert set(get_type_hints(SwitchOptions)) == {switch.name for switch in SWITCHES}
+    env_names = {switch.name for switch in SWITCHES if isinstance(switch, EnvSwitch)}
+    assert set(get_type_hints(EnvSwitchOptions)) == env_names
+
+
+def test_an_unknown_switch_is_named_with_the_ones_that_exist() -> None:
+    for make in (detctx.deterministic, detctx.seed_all, detctx.distributed_deterministic):
+        try:
+            make(seed=1, cudnn_benchmark=False)  # type: ignore[call-arg]
+        except TypeError as exc:
+            assert "cudnn_benchmark" in str(exc) and "algorithms" in str(exc)
+        else:
+            raise AssertionError(f"{make.__name__} accepted an unknown switch")
+
+
+def test_the_public_names_all_resolve() -> None:
+    for name in detctx.__all__:
+        assert getattr(detctx, name) is not None
+    assert detctx.Run is detctx.Seeding and detctx.RNGState is detctx.Snapshot
+    assert detctx.DistributedRun is detctx.DistributedSeeding
