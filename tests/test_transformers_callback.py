@@ -1,0 +1,197 @@
+"""The Hugging Face Trainer with DeterministicCallback: evaluation no longer moves training.
+
+A tiny BertForMaskedLM (built from a small config, nothing downloaded) is
+trained on random token ids with DataCollatorForLanguageModeling, whose
+random masking draws from torch's global generator, in training and in
+evaluation alike.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+import detctx
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+from detctx.integrations.transformers import DeterministicCallback  # noqa: E402
+
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(27)]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tokenizer")
+    (folder / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+    return transformers.BertTokenizerFast(vocab_file=str(folder / "vocab.txt"))
+
+
+@pytest.fixture(scope="module")
+def datasets():
+    generator = torch.Generator().manual_seed(0)
+
+    def token_ids(count):
+        return [
+            {"input_ids": [2, *torch.randint(5, 32, (10,), generator=generator).tolist(), 3]}
+            for _ in range(count)
+        ]
+
+    return token_ids(32), token_ids(8)
+
+
+def train_masked_lm(tokenizer, datasets, tmp_path, *, evaluate, callbacks=(), steps=8):
+    """Train for ``steps`` steps; the logged training and eval losses, and torch's state after."""
+    train_set, eval_set = datasets
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / f"out-{evaluate}-{len(callbacks)}"),
+        max_steps=steps,
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=4,
+        logging_steps=1,
+        eval_strategy="steps" if evaluate else "no",
+        eval_steps=2,
+        save_strategy="no",
+        report_to=[],
+        seed=7,
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    transformers.set_seed(7)
+    config = transformers.BertConfig(
+        vocab_size=len(VOCAB),
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=16,
+    )
+    trainer = transformers.Trainer(
+        model=transformers.BertForMaskedLM(config),
+        args=args,
+        train_dataset=train_set,
+        eval_dataset=eval_set,
+        data_collator=transformers.DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.3),
+        callbacks=list(callbacks),
+    )
+    trainer.train()
+    history = trainer.state.log_history
+    return (
+        [entry["loss"] for entry in history if "loss" in entry],
+        [entry["eval_loss"] for entry in history if "eval_loss" in entry],
+        torch.get_rng_state(),
+    )
+
+
+def test_training_losses_are_the_same_bit_for_bit_with_evaluation_every_2_steps_or_none(
+    tokenizer, datasets, tmp_path
+):
+    quiet, quiet_eval, quiet_state = train_masked_lm(
+        tokenizer, datasets, tmp_path, evaluate=False, callbacks=[DeterministicCallback()]
+    )
+    evaluated, eval_losses, evaluated_state = train_masked_lm(
+        tokenizer, datasets, tmp_path, evaluate=True, callbacks=[DeterministicCallback()]
+    )
+    assert quiet_eval == [] and len(eval_losses) == 4
+    assert len(quiet) == 8
+    assert evaluated == quiet
+    assert torch.equal(evaluated_state, quiet_state)
+    assert detctx.open_blocks() == ()
+
+
+def test_without_the_callback_evaluation_changes_the_training_losses(tokenizer, datasets, tmp_path):
+    quiet, _, _ = train_masked_lm(tokenizer, datasets, tmp_path, evaluate=False)
+    evaluated, _, _ = train_masked_lm(tokenizer, datasets, tmp_path, evaluate=True)
+    assert evaluated[:2] == quiet[:2]
+    assert evaluated[2:] != quiet[2:]
+
+
+def test_eval_losses_repeat_run_to_run_and_do_not_depend_on_the_callers_stream(
+    tokenizer, datasets, tmp_path
+):
+    _, first, _ = train_masked_lm(
+        tokenizer, datasets, tmp_path, evaluate=True, callbacks=[DeterministicCallback(eval_seed=3)]
+    )
+    torch.rand(5)  # the caller's stream has moved; the eval losses must not
+    _, second, _ = train_masked_lm(
+        tokenizer, datasets, tmp_path, evaluate=True, callbacks=[DeterministicCallback(eval_seed=3)]
+    )
+    assert len(first) == 4
+    assert first == second
+
+
+def test_each_evaluation_starts_from_the_eval_seed_with_determinism_on():
+    callback = DeterministicCallback(eval_seed=11)
+    args = transformers.TrainingArguments(output_dir="unused", report_to=[], use_cpu=True)
+    control = transformers.TrainerControl(should_evaluate=True)
+    state = transformers.TrainerState()
+    torch.manual_seed(99)
+    before = torch.get_rng_state()
+    callback.on_step_end(args, state, control)
+    inside = detctx.open_blocks()
+    switched_on = torch.are_deterministic_algorithms_enabled()
+    drawn = torch.rand(3)
+    callback.on_evaluate(args, state, control, metrics={})
+    assert [seeding.seed for seeding in inside] == [11]
+    assert switched_on
+    assert torch.equal(drawn, torch.rand(3, generator=torch.Generator().manual_seed(11)))
+    assert torch.equal(torch.get_rng_state(), before)
+    assert not torch.are_deterministic_algorithms_enabled()
+    assert detctx.open_blocks() == ()
+
+
+def test_an_evaluation_that_raised_is_closed_by_the_next_train_or_close():
+    callback = DeterministicCallback(eval_seed=1)
+    args = transformers.TrainingArguments(output_dir="unused", report_to=[], use_cpu=True)
+    state = transformers.TrainerState()
+    before = torch.get_rng_state()
+    callback.on_step_end(args, state, transformers.TrainerControl(should_evaluate=True))
+    torch.rand(4)  # the evaluation draws, then raises: no on_evaluate
+    assert len(detctx.open_blocks()) == 1
+    callback.on_train_begin(args, state, transformers.TrainerControl())
+    assert detctx.open_blocks() == ()
+    assert torch.equal(torch.get_rng_state(), before)
+    callback.close()  # nothing open: nothing to do
+    assert detctx.open_blocks() == ()
+
+
+def test_a_direct_predict_outside_any_block_warns_how_to_scope_it(tokenizer, datasets):
+    callback = DeterministicCallback(eval_seed=4)
+    args = transformers.TrainingArguments(output_dir="unused", report_to=[], use_cpu=True)
+    state, control = transformers.TrainerState(), transformers.TrainerControl()
+    with pytest.warns(detctx.DeterminismWarning, match=r"detctx.deterministic\(seed=4\)"):
+        callback.on_predict(args, state, control, metrics={})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with detctx.deterministic(seed=4):
+            callback.on_predict(args, state, control, metrics={})
+            callback.on_evaluate(args, state, control, metrics={})
+
+
+@pytest.mark.parametrize(
+    ("arguments", "error"),
+    [({"eval_seed": -1}, ValueError), ({"eval_seed": "0"}, TypeError), ({"cudnn": 1}, TypeError)],
+)
+def test_a_bad_eval_seed_or_switch_fails_when_the_callback_is_built(arguments, error):
+    with pytest.raises(error):
+        DeterministicCallback(**arguments)
+
+
+def test_without_transformers_the_import_error_names_the_extra_to_install():
+    code = (
+        "import sys; sys.modules['transformers'] = None\n"
+        "try:\n"
+        "    import detctx.integrations.transformers\n"
+        "except ImportError as exc:\n"
+        "    print(type(exc).__name__, exc)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    ).stdout
+    assert out.startswith("MissingDependencyError")
+    assert "pip install 'detctx[transformers]'" in out
