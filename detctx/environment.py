@@ -58,8 +58,7 @@ class WatchedVariables:
 
     def capture(self) -> tuple[Any, ...]:
         if _fast:
-            data = _environ_data
-            return tuple([data.get(key) for key in self._keys])
+            return tuple(map(_environ_data.get, self._keys))
         return tuple([os.environ.get(name) for name in self.variables])
 
     def restore(self, saved: tuple[Any, ...]) -> None:

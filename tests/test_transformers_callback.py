@@ -1,9 +1,8 @@
 """The Hugging Face Trainer with DeterministicCallback: evaluation no longer moves training.
 
-A tiny BertForMaskedLM (built from a small config, nothing downloaded) is
-trained on random token ids with DataCollatorForLanguageModeling, whose
-random masking draws from torch's global generator, in training and in
-evaluation alike.
+The training is tests/tiny_masked_lm.py's: a tiny BertForMaskedLM whose
+random masking (DataCollatorForLanguageModeling) draws from torch's global
+generator in training and in evaluation alike.
 """
 
 from __future__ import annotations
@@ -20,65 +19,25 @@ import detctx
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-from detctx.integrations.transformers import DeterministicCallback  # noqa: E402
+from tiny_masked_lm import make_datasets, make_tokenizer, make_trainer  # noqa: E402
 
-VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(27)]
+from detctx.integrations.transformers import DeterministicCallback  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tokenizer")
-    (folder / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
-    return transformers.BertTokenizerFast(vocab_file=str(folder / "vocab.txt"))
+    return make_tokenizer(tmp_path_factory.mktemp("tokenizer"))
 
 
 @pytest.fixture(scope="module")
 def datasets():
-    generator = torch.Generator().manual_seed(0)
-
-    def token_ids(count):
-        return [
-            {"input_ids": [2, *torch.randint(5, 32, (10,), generator=generator).tolist(), 3]}
-            for _ in range(count)
-        ]
-
-    return token_ids(32), token_ids(8)
+    return make_datasets()
 
 
-def train_masked_lm(tokenizer, datasets, tmp_path, *, evaluate, callbacks=(), steps=8):
-    """Train for ``steps`` steps; the logged training and eval losses, and torch's state after."""
-    train_set, eval_set = datasets
-    args = transformers.TrainingArguments(
-        output_dir=str(tmp_path / f"out-{evaluate}-{len(callbacks)}"),
-        max_steps=steps,
-        per_device_train_batch_size=4,
-        per_device_eval_batch_size=4,
-        logging_steps=1,
-        eval_strategy="steps" if evaluate else "no",
-        eval_steps=2,
-        save_strategy="no",
-        report_to=[],
-        seed=7,
-        use_cpu=True,
-        disable_tqdm=True,
-    )
-    transformers.set_seed(7)
-    config = transformers.BertConfig(
-        vocab_size=len(VOCAB),
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=32,
-        max_position_embeddings=16,
-    )
-    trainer = transformers.Trainer(
-        model=transformers.BertForMaskedLM(config),
-        args=args,
-        train_dataset=train_set,
-        eval_dataset=eval_set,
-        data_collator=transformers.DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.3),
-        callbacks=list(callbacks),
-    )
+def train_masked_lm(tokenizer, datasets, tmp_path, *, evaluate, callbacks=()):
+    """Train 8 steps; the logged training and eval losses, and torch's state after."""
+    output = tmp_path / f"out-{evaluate}-{len(callbacks)}"
+    trainer = make_trainer(tokenizer, datasets, output, evaluate=evaluate, callbacks=callbacks)
     trainer.train()
     history = trainer.state.log_history
     return (
