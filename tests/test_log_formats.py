@@ -323,3 +323,25 @@ def test_a_real_trainers_state_file_and_printed_lines_show_where_evaluation_move
     assert "first divergence at point 3 (step 3, log_history entry 3 of" in capsys.readouterr().out
     assert cli.main(["compare", str(tmp_path / "quiet.log"), str(tmp_path / "evaluated.log")]) == 1
     assert "first divergence at point 3" in capsys.readouterr().out
+
+
+def test_names_from_a_crafted_file_cannot_break_the_one_line_error(tmp_path, capsys):
+    (tmp_path / "a.csv").write_text('"\ufeffepoch\nstep",' + "x" * 300 + "\n1,2\n")
+    (tmp_path / "b.csv").write_text(LIGHTNING_CSV)
+
+    assert cli.main(["compare", str(tmp_path / "a.csv"), str(tmp_path / "b.csv")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "has no column training loss" in err
+    assert len(err) < 600
+
+
+def test_a_csv_with_a_byte_order_mark_reads_its_first_column(tmp_path, capsys):
+    (tmp_path / "a.csv").write_text("\ufeff" + LIGHTNING_CSV.replace("epoch,step,", "step,epoch,"))
+    (tmp_path / "b.csv").write_text(LIGHTNING_CSV)
+
+    assert (
+        cli.main(["compare", "--metric", "step", str(tmp_path / "a.csv"), str(tmp_path / "b.csv")])
+        == 1
+    )
+    capsys.readouterr()
+    assert cli.main(["compare", str(tmp_path / "a.csv"), str(tmp_path / "b.csv")]) == 0

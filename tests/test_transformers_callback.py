@@ -34,10 +34,12 @@ def datasets():
     return make_datasets()
 
 
-def train_masked_lm(tokenizer, datasets, tmp_path, *, evaluate, callbacks=()):
-    """Train 8 steps; the logged training and eval losses, and torch's state after."""
+def train_masked_lm(tokenizer, datasets, tmp_path, *, evaluate, callbacks=(), **arguments):
+    """Train; the logged training and eval losses, and torch's state after."""
     output = tmp_path / f"out-{evaluate}-{len(callbacks)}"
-    trainer = make_trainer(tokenizer, datasets, output, evaluate=evaluate, callbacks=callbacks)
+    trainer = make_trainer(
+        tokenizer, datasets, output, evaluate=evaluate, callbacks=callbacks, **arguments
+    )
     trainer.train()
     history = trainer.state.log_history
     return (
@@ -60,6 +62,28 @@ def test_training_losses_are_the_same_bit_for_bit_with_evaluation_every_2_steps_
     assert len(quiet) == 8
     assert evaluated == quiet
     assert torch.equal(evaluated_state, quiet_state)
+    assert detctx.open_blocks() == ()
+
+
+def test_evaluating_at_the_start_and_after_each_epoch_changes_no_training_loss_either(
+    tokenizer, datasets, tmp_path
+):
+    quiet, _, _ = train_masked_lm(
+        tokenizer, datasets, tmp_path, evaluate=False, callbacks=[DeterministicCallback()], steps=16
+    )
+    evaluated, eval_losses, _ = train_masked_lm(
+        tokenizer,
+        datasets,
+        tmp_path,
+        evaluate=True,
+        callbacks=[DeterministicCallback()],
+        steps=16,
+        eval_strategy="epoch",
+        eval_on_start=True,
+    )
+    assert len(eval_losses) == 3
+    assert len(quiet) == 16
+    assert evaluated == quiet
     assert detctx.open_blocks() == ()
 
 

@@ -43,23 +43,26 @@ def make_trainer(
     evaluate: bool,
     callbacks: tuple[Any, ...] | list[Any] = (),
     steps: int = 8,
+    **arguments: Any,
 ) -> Any:
-    """A Trainer for ``steps`` steps, logging every step, evaluating every 2 if ``evaluate``."""
+    """A Trainer for ``steps`` steps (8 per epoch), logging every step, evaluating every 2 if
+    ``evaluate``; ``arguments`` override the ``TrainingArguments``."""
     train_set, eval_set = datasets
-    args = transformers.TrainingArguments(
-        output_dir=str(output_dir),
-        max_steps=steps,
-        per_device_train_batch_size=4,
-        per_device_eval_batch_size=4,
-        logging_steps=1,
-        eval_strategy="steps" if evaluate else "no",
-        eval_steps=2,
-        save_strategy="no",
-        report_to=[],
-        seed=7,
-        use_cpu=True,
-        disable_tqdm=True,
-    )
+    settings: dict[str, Any] = {
+        "output_dir": str(output_dir),
+        "max_steps": steps,
+        "per_device_train_batch_size": 4,
+        "per_device_eval_batch_size": 4,
+        "logging_steps": 1,
+        "eval_strategy": "steps" if evaluate else "no",
+        "eval_steps": 2,
+        "save_strategy": "no",
+        "report_to": [],
+        "seed": 7,
+        "use_cpu": True,
+        "disable_tqdm": True,
+    }
+    args = transformers.TrainingArguments(**{**settings, **arguments})
     transformers.set_seed(7)
     config = transformers.BertConfig(
         vocab_size=len(VOCAB),

@@ -185,7 +185,8 @@ def _file_in_folder(folder: Path) -> Path:
 
 def _read_text(path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8", errors="replace")
+        # utf-8-sig: a byte-order mark (spreadsheet exports) is not part of the first name.
+        return path.read_text(encoding="utf-8-sig", errors="replace")
     except FileNotFoundError:
         raise MetricsError(f"no such log file: {path}") from None
     except OSError as exc:
@@ -204,11 +205,16 @@ def _choose(
             if name in names:
                 return name
         wanted = "training loss (" + ", ".join(defaults) + ")"
-    available = ", ".join(names[:20]) + (", ..." if len(names) > 20 else "")
+    available = ", ".join(map(_shown, names[:20])) + (", ..." if len(names) > 20 else "")
     raise MetricsError(
         f"{file} has no {kind} {wanted}; it has: {available or 'none'}; "
         "choose one with --metric NAME"
     )
+
+
+def _shown(name: str) -> str:
+    """A name from the file as it can be shown on one line of an error."""
+    return name if name.isprintable() and len(name) <= 40 else repr(name[:40])
 
 
 def _number(text: str, where: str) -> float:
