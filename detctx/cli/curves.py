@@ -21,6 +21,7 @@ from detctx.errors import MetricsError, MissingDependencyError
 
 __all__ = [
     "DEFAULT_PATTERN",
+    "METRIC_VALUE",
     "Comparison",
     "Curve",
     "Point",
@@ -34,9 +35,15 @@ __all__ = [
     "split_lines",
 ]
 
+METRIC_VALUE: Final = (
+    r"(?:tensor\(\s*|['\"])?"
+    r"(?P<value>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?i:nan|inf(?:inity)?)(?!\w))"
+)
+"""A metric's number as logs print it: ``0.5``, ``1.2E+00``, ``nan``, quoted (``'0.5'``,
+transformers 5.x) or in a printed tensor (``tensor(0.5000, ...)``); the group ``value``."""
+
 DEFAULT_PATTERN: Final = (
-    r"(?i)(?<![\w.-])(?:(?:lm|train)[ _])?loss['\"]?\s*[:=]?\s*(?:tensor\(\s*|['\"])?"
-    r"(?P<value>[-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?|[-+]?(?:nan|inf(?:inity)?)(?!\w))"
+    r"(?i)(?<![\w.-])(?:(?:lm|train)[ _])?loss['\"]?\s*[:=]?\s*" + METRIC_VALUE
 )
 """The default metric pattern: the first training loss on a line, in any letter case.
 

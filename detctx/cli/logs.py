@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from detctx.cli.curves import Curve, Point, compile_pattern, read_log
+from detctx.cli.curves import METRIC_VALUE, Curve, Point, compile_pattern, read_log
 from detctx.errors import MetricsError
 
 __all__ = [
@@ -81,10 +81,7 @@ def metric_pattern(name: str) -> re.Pattern[str]:
     """The regex for ``name: x``, ``name=x``, ``'name': x`` and ``'name': 'x'`` in a text log."""
     if not name.strip():
         raise MetricsError("--metric needs a metric name, e.g. --metric eval_loss")
-    return compile_pattern(
-        rf"(?<![\w./-]){re.escape(name)}['\"]?\s*[:=]\s*(?:tensor\(\s*|['\"])?"
-        r"(?P<value>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|NaN|inf|Inf)(?!\w))"
-    )
+    return compile_pattern(rf"(?<![\w./-]){re.escape(name)}['\"]?\s*[:=]\s*" + METRIC_VALUE)
 
 
 def read_csv_metrics(text: str, name: str, metric: str | None = None) -> Curve:
