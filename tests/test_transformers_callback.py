@@ -87,6 +87,25 @@ def test_evaluating_at_the_start_and_after_each_epoch_changes_no_training_loss_e
     assert detctx.open_blocks() == ()
 
 
+def test_with_two_loader_workers_evaluation_changes_no_training_loss_either(
+    tokenizer, datasets, tmp_path
+):
+    def run(evaluate):
+        return train_masked_lm(
+            tokenizer,
+            datasets,
+            tmp_path,
+            evaluate=evaluate,
+            callbacks=[DeterministicCallback()],
+            dataloader_num_workers=2,
+        )
+
+    quiet, _, _ = run(False)
+    evaluated, eval_losses, _ = run(True)
+    assert len(eval_losses) == 4
+    assert evaluated == quiet
+
+
 def test_without_the_callback_evaluation_changes_the_training_losses(tokenizer, datasets, tmp_path):
     quiet, _, _ = train_masked_lm(tokenizer, datasets, tmp_path, evaluate=False)
     evaluated, _, _ = train_masked_lm(tokenizer, datasets, tmp_path, evaluate=True)
