@@ -92,7 +92,10 @@ class DeterministicCallback(_TrainerCallback):  # type: ignore[misc]
     # the eval DataLoader is iterated (only on_log, which draws nothing, comes
     # between). So the block is entered there and exited in on_evaluate, which
     # comes before the checkpoint that follows an evaluation saves rng_state.pth:
-    # the checkpoint holds the training streams, not the evaluation's.
+    # the checkpoint holds the training streams, not the evaluation's. The order
+    # (transformers 4.x and 5.x) shows in:
+    #   python -c "import inspect, transformers as t;
+    #              print(inspect.getsource(t.Trainer._maybe_log_save_evaluate))"
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.close()
         if getattr(args, "eval_on_start", False):
