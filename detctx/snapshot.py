@@ -10,17 +10,24 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from detctx import state_dict
 from detctx.accelerators import Uninitialised, active_accelerators
+from detctx.environment import WATCHED
 from detctx.sources import RNGSource, registered_sources, registry_version
-from detctx.switches import SWITCHES, Switch
+from detctx.switches import SWITCHES
 
 __all__ = ["Snapshot", "active_sources", "capture", "fingerprint", "restore"]
+
+
+class _Part(Protocol):
+    """A switch, or the watched environment variables: put back by ``restore``."""
+
+    def restore(self, saved: Any) -> None: ...
 
 
 _active_cache: tuple[int, object, list[tuple[str, RNGSource]]] | None = None
@@ -55,8 +62,9 @@ class Snapshot(Mapping[str, Any]):
     """The states of a set of RNG sources, and maybe of the switches, at one moment.
 
     As a mapping it is ``{source name: captured state}``; :attr:`switches`
-    maps switch names to their captured values (empty for :func:`capture`,
-    which leaves flags and environment variables out). ``restore()`` puts
+    maps switch names to their captured values, and ``"watched environment"``
+    to the variables frameworks set (empty for :func:`capture`, which leaves
+    flags and environment variables out). ``restore()`` puts
     every captured part back; sources registered after the capture are left
     alone. ``detctx.RNGState`` is this class.
     """
@@ -66,7 +74,7 @@ class Snapshot(Mapping[str, Any]):
     def __init__(
         self,
         rng: dict[str, tuple[RNGSource, Any]],
-        switches: dict[str, tuple[Switch, Any]] | None = None,
+        switches: dict[str, tuple[_Part, Any]] | None = None,
     ) -> None:
         self._rng = rng
         self._switches = {} if switches is None else switches
@@ -76,13 +84,18 @@ class Snapshot(Mapping[str, Any]):
         cls, sources: list[tuple[str, RNGSource]] | None = None, *, switches: bool = False
     ) -> Snapshot:
         """Capture ``sources`` (default: every active source) and, with ``switches``, every
-        switch. Nothing is changed and no device the program has not used is woken."""
+        switch and the watched environment variables (:data:`detctx.environment.WATCHED`).
+        Nothing is changed and no device the program has not used is woken."""
         if sources is None:
             sources = active_sources()
         rng = {name: (source, source.capture()) for name, source in sources}
         if not switches:
             return cls(rng)
-        return cls(rng, {switch.name: (switch, switch.capture()) for switch in SWITCHES})
+        parts: dict[str, tuple[_Part, Any]] = {
+            switch.name: (switch, switch.capture()) for switch in SWITCHES
+        }
+        parts[WATCHED.name] = (WATCHED, WATCHED.capture())
+        return cls(rng, parts)
 
     @property
     def switches(self) -> Mapping[str, Any]:

@@ -21,6 +21,7 @@ import torch
 from typing_extensions import TypedDict
 
 from detctx.accelerators import active_accelerators
+from detctx.environment import getenv
 from detctx.errors import DeterminismWarning
 
 __all__ = [
@@ -213,7 +214,7 @@ class EnvSwitch:
         raise TypeError(f"{self.name} must be one of {accepted}, got {setting!r}")
 
     def capture(self) -> Any:
-        return _getenv(self.variable)
+        return getenv(self.variable)
 
     def target(self, setting: Any, seed: int, current: str | None) -> str | None:
         """The value the variable must hold for ``setting``; ``current`` when it already
@@ -248,24 +249,6 @@ class EnvSwitch:
             os.environ.pop(self.variable, None)
         else:
             os.environ[self.variable] = saved
-
-
-# os.environ.get re-encodes the name on every call; a swap of a decorated generator
-# reads every variable twice per step. Read the mapping behind os.environ directly
-# (the same data, already encoded) where this Python has it.
-_environ_data: Any = getattr(os.environ, "_data", None)
-_encoded: dict[str, Any] = {}
-
-
-def _getenv(name: str) -> str | None:
-    data = _environ_data
-    if data is None or not hasattr(os.environ, "encodekey"):
-        return os.environ.get(name)
-    key = _encoded.get(name)
-    if key is None:
-        key = _encoded[name] = os.environ.encodekey(name)
-    raw = data.get(key)
-    return None if raw is None else str(os.environ.decodevalue(raw))
 
 
 def _cuda_initialised() -> str | None:

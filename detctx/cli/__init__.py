@@ -25,8 +25,8 @@ from detctx.cli.curves import (
     load_pyplot,
     no_points_message,
     plot,
-    read_log,
 )
+from detctx.cli.logs import read_curve
 from detctx.errors import DetctxError, MetricsError
 from detctx.seeds import DEFAULT_SEED, SEED_ENV, parse_seed, resolve_seed
 
@@ -93,9 +93,17 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
 
     compare_ = commands.add_parser(
-        "compare", parents=[curve_options], help="compare the curves of two logs"
+        "compare",
+        parents=[curve_options],
+        help="compare the curves of two logs (text, Lightning metrics.csv, HF trainer_state.json)",
     )
     compare_.add_argument("logs", nargs=2, type=Path, metavar="LOG")
+    compare_.add_argument(
+        "--metric",
+        metavar="NAME",
+        help="a metrics.csv column, a trainer_state.json log_history key, or the name before "
+        "':' or '=' in a text log (default: the training loss)",
+    )
 
     commands.add_parser("demo", help="train a small model twice and show the curves agree")
     return parser
@@ -116,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.plot is not None:
             load_pyplot()
         if args.command == "compare":
-            curves = [read_log(path, pattern) for path in args.logs]
+            curves = [read_curve(p, pattern=args.pattern, metric=args.metric) for p in args.logs]
             return _report(compare(curves), args.plot)
         return _run(parser, args, pattern)
     except (DetctxError, ValueError, OSError) as exc:

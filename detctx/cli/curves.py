@@ -21,6 +21,7 @@ from detctx.errors import MetricsError, MissingDependencyError
 
 __all__ = [
     "DEFAULT_PATTERN",
+    "METRIC_VALUE",
     "Comparison",
     "Curve",
     "Point",
@@ -34,31 +35,46 @@ __all__ = [
     "split_lines",
 ]
 
-DEFAULT_PATTERN: Final = (
-    r"(?<![\w.-])(?:(?:lm|train)[ _])?loss['\"]?\s*[:=]?\s*"
-    r"(?P<value>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|NaN|inf|Inf))"
+METRIC_VALUE: Final = (
+    r"(?:tensor\(\s*|['\"])?"
+    r"(?P<value>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?i:nan|inf(?:inity)?)(?!\w))"
 )
-"""The default metric pattern: the first training loss on a line.
+"""A metric's number as logs print it: ``0.5``, ``1.2E+00``, ``nan``, quoted (``'0.5'``,
+transformers 5.x) or in a printed tensor (``tensor(0.5000, ...)``); the group ``value``."""
+
+DEFAULT_PATTERN: Final = (
+    r"(?i)(?<![\w.-])(?:(?:lm|train)[ _])?loss['\"]?\s*[:=]?\s*" + METRIC_VALUE
+)
+"""The default metric pattern: the first training loss on a line, in any letter case.
 
 It matches ``lm loss: 1.234E+00`` (Megatron, MindSpeed), ``loss=0.123`` and
 ``train_loss=0.123`` (Lightning's progress bar), ``{'loss': 0.123, ...}``
-(Hugging Face Trainer), ``loss 0.123`` and ``step 3 loss: 0.5``. It skips
-``val_loss``, ``eval_loss``, ``test_loss`` and ``loss scale: 1.0``, so
-validation lines and Megatron's loss scale are not part of the curve.
+(Hugging Face Trainer 4.x) and ``{'loss': '0.6704', ...}`` (5.x, quoted),
+``Loss: 0.5``, ``loss: tensor(0.5000)`` (a printed tensor), ``loss 0.123``
+and ``step 3 loss: 0.5``. It skips ``val_loss``, ``eval_loss``,
+``test_loss`` and ``loss scale: 1.0``, so validation lines and Megatron's
+loss scale are not part of the curve.
 """
 
-_STEP: Final = re.compile(r"(?<![\w.])(?:global_step|step|iteration|iter)['\"]?\s*[:=]?\s*(\d+)")
+_STEP: Final = re.compile(
+    r"(?<![\w.])(?:global_step|step|iteration|iter)['\"]?\s*[:=]?\s*(\d+)", re.IGNORECASE
+)
 _LINE_END: Final = re.compile(r"\r\n|\r|\n")
 
 
 @dataclass(frozen=True)
 class Point:
-    """One metric value: its number, its text, its 1-based line, and the step the line names."""
+    """One metric value: its number, its text, its 1-based line, and the step the line names.
+
+    ``where`` says where it was read when that is not a line of text (an entry of a
+    JSON list, say); ``line`` is then that entry's 1-based number.
+    """
 
     value: float
     text: str
     line: int
     step: int | None
+    where: str | None = None
 
 
 @dataclass(frozen=True)
@@ -229,7 +245,8 @@ def _where(curves: Sequence[Curve], index: int) -> str:
         if index < len(curve.points):
             point = curve.points[index]
             step = f"step {point.step}, " if point.step is not None else ""
-            return f" ({step}line {point.line} of {curve.name})"
+            place = point.where or f"line {point.line}"
+            return f" ({step}{place} of {curve.name})"
     return ""
 
 
