@@ -1,0 +1,10 @@
+"""Integrations with the frameworks users train and test with.
+
+Each module imports its framework only when it is used, so importing this
+package costs nothing and needs none of them:
+
+- :mod:`detctx.integrations.lightning`: ``DeterministicCallback`` for a
+  Lightning ``Trainer`` (``pip install 'detctx[lightning]'``).
+- :mod:`detctx.integrations.hypothesis`: ``register()``, so that hypothesis
+  reseeds torch per example (``pip install 'detctx[hypothesis]'``).
+"""
