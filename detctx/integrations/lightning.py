@@ -101,7 +101,7 @@ def callback_class(framework: str | None = None) -> type[Any]:
 
 def _framework_in_use() -> str:
     for name in FRAMEWORKS:
-        if name in sys.modules:
+        if sys.modules.get(name) is not None:
             return name
     for name in FRAMEWORKS:
         try:
@@ -178,6 +178,7 @@ class _DeterministicCallback:
         self._paused: list[Snapshot] = []
         self._last: Snapshot | None = None
         self._pending: Snapshot | None = None
+        self._resumed = False
 
     def __repr__(self) -> str:
         return f"DeterministicCallback(seed={self.seed}, eval_seed={self.eval_seed})"
@@ -198,6 +199,7 @@ class _DeterministicCallback:
             return
         self._run_block.__enter__()
         self._open = True
+        self._resumed = self._pending is not None
         try:
             self._saved_env = {name: os.environ.get(name) for name in _ENV}
             os.environ["PL_GLOBAL_SEED"] = str(self.seed)
@@ -218,16 +220,16 @@ class _DeterministicCallback:
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         self._close()
 
-    def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: Any) -> None:
-        states = checkpoint.get("callbacks") if isinstance(checkpoint, Mapping) else None
-        if not isinstance(states, Mapping) or self.state_key not in states:
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        # Called after Lightning restored the checkpoint (if any), whatever the strategy.
+        if getattr(trainer, "ckpt_path", None) is not None and not self._resumed:
             warnings.warn(
-                "this checkpoint holds no detctx RNG state (it was saved without "
-                "DeterministicCallback), so the resumed run continues from seed "
-                f"{self.seed}, not from the RNG state of the run that saved it; resume from "
-                "a checkpoint saved with DeterministicCallback for a bit-identical continuation",
+                f"the checkpoint {trainer.ckpt_path} holds no detctx RNG state (it was saved "
+                f"without DeterministicCallback), so this run continues from seed {self.seed}, "
+                "not from the RNG state of the run that saved it; resume from a checkpoint "
+                "saved with DeterministicCallback for a bit-identical continuation",
                 DeterminismWarning,
-                stacklevel=2,
+                stacklevel=1,
             )
 
     def state_dict(self) -> dict[str, Any]:
@@ -251,6 +253,7 @@ class _DeterministicCallback:
         the run has not started). Raises :class:`~detctx.errors.CheckpointError`, with
         nothing changed, for anything that is not such a state."""
         snapshot = self._checked(state_dict)
+        self._resumed = True
         if self._open:
             snapshot.restore()
         else:
@@ -282,7 +285,7 @@ class _DeterministicCallback:
                 "training RNG state comes from the checkpoint, the evaluation seed from this "
                 "callback; pass the seeds the run was started with to continue it exactly",
                 DeterminismWarning,
-                stacklevel=3,
+                stacklevel=1,
             )
         return snapshot
 
