@@ -15,12 +15,12 @@ import torch
 
 pytest.importorskip("lightning.pytorch")
 
-import detctx  # noqa: E402
-from detctx.integrations import lightning as integration  # noqa: E402
-from detctx.integrations.lightning import DeterministicCallback  # noqa: E402
+from conftest import TESTS
+from lightning_fit import SEED, build_model, framework, trainer, weights
 
-from conftest import TESTS  # noqa: E402
-from lightning_fit import SEED, build_model, framework, trainer, weights  # noqa: E402
+import detctx
+from detctx.integrations import lightning as integration
+from detctx.integrations.lightning import DeterministicCallback
 
 FIT_TIMEOUT_S = 600
 
@@ -114,7 +114,9 @@ def test_with_ddp_spawn_on_2_processes_the_callback_equals_seed_everything(tmp_p
     reference.mkdir()
     ours.mkdir()
     spawn = ("--strategy", "ddp_spawn", "--devices", "2")
-    expected = run_fit_script(reference / "out.json", "--reference", *spawn, "--record-to", str(reference))
+    expected = run_fit_script(
+        reference / "out.json", "--reference", *spawn, "--record-to", str(reference)
+    )
     got = run_fit_script(ours / "out.json", *spawn, "--record-to", str(ours))
 
     assert got["weights"] == expected["weights"]

@@ -53,7 +53,8 @@ from detctx.seeds import DEFAULT_SEED, resolve_seed, validate_seed
 from detctx.snapshot import Snapshot
 from detctx.switches import SwitchOptions
 
-__all__ = ["FRAMEWORKS", "STATE_FORMAT", "DeterministicCallback", "callback_class"]
+# DeterministicCallback is provided by the module's __getattr__, built on first use.
+__all__ = ["FRAMEWORKS", "STATE_FORMAT", "DeterministicCallback", "callback_class"]  # noqa: F822
 
 FRAMEWORKS = ("lightning.pytorch", "pytorch_lightning")
 """The Lightning packages the callback can be built for, preferred first."""
@@ -92,8 +93,12 @@ def callback_class(framework: str | None = None) -> type[Any]:
         built = type(
             "DeterministicCallback",
             (_DeterministicCallback, base),
-            {"__module__": __name__, "__qualname__": "DeterministicCallback",
-             "__doc__": _DeterministicCallback.__doc__, "framework": framework},
+            {
+                "__module__": __name__,
+                "__qualname__": "DeterministicCallback",
+                "__doc__": _DeterministicCallback.__doc__,
+                "framework": framework,
+            },
         )
         _classes[framework] = built
     return built
@@ -141,7 +146,9 @@ def _eval_loops(trainer: Any) -> list[Any]:
         getattr(trainer, "test_loop", None),
         getattr(trainer, "predict_loop", None),
     ]
-    return [loop for loop in candidates if loop is not None and callable(getattr(loop, "run", None))]
+    return [
+        loop for loop in candidates if loop is not None and callable(getattr(loop, "run", None))
+    ]
 
 
 class _DeterministicCallback:
@@ -267,7 +274,8 @@ class _DeterministicCallback:
                 f"the checkpoint's {self.state_key!r} entry is a {type(state_dict).__name__}, "
                 "not the dict DeterministicCallback saves; was it written by another callback?"
             )
-        if state_dict.get("format") != STATE_FORMAT or state_dict.get("version") != _STATE_VERSION:
+        header = (state_dict.get("format"), state_dict.get("version"))
+        if header != (STATE_FORMAT, _STATE_VERSION):
             raise CheckpointError(
                 f"the checkpoint's {self.state_key!r} entry has format "
                 f"{state_dict.get('format')!r} version {state_dict.get('version')!r}; this detctx "
