@@ -142,16 +142,19 @@ def is_hypothesis_test(target: Any) -> bool:
 
 
 def _decorate_hypothesis_test(block: Block, test: Any) -> Any:
-    """Run every example of a ``@given`` test in its own entry of ``block``.
+    """Run a ``@given`` test in ``block``, and each of its examples in its own entry of it.
 
     hypothesis reseeds ``random`` and NumPy (not torch) around each example by
     calling ``test.hypothesis.inner_test``, its documented point for wrapping the
     example body; one block around the whole test would leave torch's stream
-    running on from example to example.
+    running on from example to example. The outer entry also takes the first
+    entry's one-off costs (``use_deterministic_algorithms`` imports
+    ``torch._inductor``, about 1 s) out of the first example, which hypothesis
+    would otherwise fail for exceeding its deadline.
     """
     handle = test.hypothesis
     handle.inner_test = decorate(block, handle.inner_test)
-    return test
+    return _wrap_function(block, test)
 
 
 class _World:
