@@ -63,6 +63,13 @@ class ModelBody:
         self.log("val_loss", loss)  # type: ignore[attr-defined]
         return loss
 
+    def test_step(self, batch: Any, index: int) -> torch.Tensor:
+        return self.validation_step(batch, index)
+
+    def predict_step(self, batch: Any, index: int) -> torch.Tensor:
+        x, _ = batch
+        return self.net(x + torch.randn_like(x))  # type: ignore[no-any-return]
+
     def configure_optimizers(self) -> Any:
         return torch.optim.SGD(self.parameters(), lr=0.1)  # type: ignore[attr-defined]
 

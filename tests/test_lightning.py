@@ -162,6 +162,26 @@ def test_after_a_fit_every_rng_flag_and_lightning_variable_is_as_before() -> Non
     assert detctx.open_blocks() == ()
 
 
+def test_test_and_predict_repeat_run_to_run_and_leave_every_rng_as_before() -> None:
+    model = build_model()
+    loader = model.val_dataloader()
+    before = detctx.fingerprint()
+
+    tested = [
+        trainer(callbacks=[DeterministicCallback(eval_seed=2)]).test(model, loader, verbose=False)
+        for _ in range(2)
+    ]
+    predicted = [
+        trainer(callbacks=[DeterministicCallback(eval_seed=2)]).predict(model, loader)
+        for _ in range(2)
+    ]
+
+    assert tested[0] == tested[1]
+    assert all(torch.equal(a, b) for a, b in zip(predicted[0], predicted[1]))
+    assert detctx.fingerprint() == before
+    assert "PL_GLOBAL_SEED" not in os.environ
+
+
 def test_a_fit_that_raises_still_puts_everything_back(monkeypatch: pytest.MonkeyPatch) -> None:
     before = detctx.fingerprint()
 
