@@ -130,13 +130,20 @@ def test_the_marker_on_a_given_test_starts_every_example_from_the_seed(
         def test_examples(x):
             SEEN.append((random.random(), float(np.random.rand()), float(torch.rand(()))))
 
+        class TestMethods:
+            @pytest.mark.deterministic(seed=11)
+            @settings(max_examples=25, database=None, deadline=None)
+            @given(st.integers())
+            def test_examples(self, x):
+                SEEN.append((random.random(), float(np.random.rand()), float(torch.rand(()))))
+
         def test_every_example_drew_the_same():
             random.seed(11); np.random.seed(11); torch.manual_seed(11)
             first = (random.random(), float(np.random.rand()), float(torch.rand(())))
-            assert len(SEEN) == 25 and set(SEEN) == {first}
+            assert len(SEEN) == 50 and set(SEEN) == {first}
         """
     )
-    pytester.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=2)
+    pytester.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=3)
 
 
 FAILS_ON_A_TORCH_DRAW = """
