@@ -146,6 +146,35 @@ def test_a_run_resumed_in_a_fresh_process_from_an_epoch_checkpoint_continues_bit
     assert resumed["weights"] == weights(straight)
 
 
+def saved_rng(tmp_path: Path, in_validation: bool) -> tuple[str, bool]:
+    """The RNG fingerprint in the epoch-0 checkpoint, and whether it was saved while validating."""
+    pl = framework()
+    where: list[bool] = []
+
+    class WhereSaved(pl.Callback):  # type: ignore[misc,name-defined]
+        def on_save_checkpoint(self, trainer: Any, module: Any, checkpoint: Any) -> None:
+            where.append(trainer.validating)
+
+    folder = tmp_path / str(in_validation)
+    checkpoints = pl.callbacks.ModelCheckpoint(
+        dirpath=folder, filename="{epoch}", save_on_train_epoch_end=not in_validation
+    )
+    callbacks = [DeterministicCallback(seed=SEED), checkpoints, WhereSaved()]
+    trainer(max_epochs=1, callbacks=callbacks, enable_checkpointing=True).fit(build_model())
+    saved = torch.load(folder / "epoch=0.ckpt", weights_only=True)
+    state = saved["callbacks"]["detctx.DeterministicCallback"]["rng"]
+    return detctx.Snapshot.from_state_dict(state).fingerprint(), where[0]
+
+
+def test_a_checkpoint_saved_during_validation_holds_the_training_streams(tmp_path: Path) -> None:
+    at_epoch_end, validating = saved_rng(tmp_path, in_validation=False)
+    assert not validating
+    in_validation, validating = saved_rng(tmp_path, in_validation=True)
+    assert validating
+
+    assert in_validation == at_epoch_end
+
+
 def test_after_a_fit_every_rng_flag_and_lightning_variable_is_as_before() -> None:
     os.environ["PL_GLOBAL_SEED"] = "99"
     random.seed(1)
