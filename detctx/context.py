@@ -105,6 +105,9 @@ class deterministic:
           every resume and out (the caller's world put back) on every yield,
           ``await`` suspension, ``close``, ``throw``, return and exception.
         - A ``unittest.TestCase`` subclass: each test method is decorated.
+        - A hypothesis ``@given`` test (decorate it outermost): each call is a
+          block, and each example runs in its own entry of it, so every
+          example starts from the seed, torch included.
 
         Anything else raises ``TypeError`` here. See :mod:`detctx.decorators`.
         """

@@ -24,7 +24,7 @@ from detctx.settings import Seeding, Settings
 from detctx.snapshot import Snapshot, active_sources
 from detctx.sources import RNGSource
 
-__all__ = ["Block", "decorate"]
+__all__ = ["Block", "decorate", "is_hypothesis_test"]
 
 
 class Block(Protocol):
@@ -59,6 +59,8 @@ def decorate(block: Block, target: Any) -> Any:
             f"unittest.TestCase classes, not {type(target).__name__} objects; "
             f"use 'with {block!r}:' around a block of code"
         )
+    if is_hypothesis_test(target):
+        return _decorate_hypothesis_test(block, target)
     if inspect.isasyncgenfunction(target):
         return _wrap_async_generator(block, target)
     if inspect.iscoroutinefunction(target):
@@ -131,6 +133,28 @@ def _decorate_test_case(block: Block, cls: type[unittest.TestCase]) -> type[Any]
         elif inspect.isfunction(attr):
             setattr(cls, name, decorate(block, attr))
     return cls
+
+
+def is_hypothesis_test(target: Any) -> bool:
+    """Whether ``target`` is a ``@given`` test (hypothesis puts a handle with
+    ``inner_test`` on it; hypothesis need not be imported to tell)."""
+    return callable(getattr(getattr(target, "hypothesis", None), "inner_test", None))
+
+
+def _decorate_hypothesis_test(block: Block, test: Any) -> Any:
+    """Run a ``@given`` test in ``block``, and each of its examples in its own entry of it.
+
+    hypothesis reseeds ``random`` and NumPy (not torch) around each example by
+    calling ``test.hypothesis.inner_test``, its documented point for wrapping the
+    example body; one block around the whole test would leave torch's stream
+    running on from example to example. The outer entry also takes the first
+    entry's one-off costs (``use_deterministic_algorithms`` imports
+    ``torch._inductor``, about 1 s) out of the first example, which hypothesis
+    would otherwise fail for exceeding its deadline.
+    """
+    handle = test.hypothesis
+    handle.inner_test = decorate(block, handle.inner_test)
+    return _wrap_function(block, test)
 
 
 class _World:

@@ -68,6 +68,14 @@ def pytest_configure(config: pytest.Config) -> None:
         f"{_MARKER}(seed=1234, **switches): run the test, with its function-scoped "
         "fixtures, in a detctx.deterministic block with these arguments",
     )
+    if config.getoption("detctx_seed") is not None:
+        from importlib.util import find_spec
+
+        if find_spec("hypothesis") is not None:
+            # Plain @given tests then get torch reseeded per example, as random and NumPy are.
+            from detctx.integrations.hypothesis import register
+
+            register()
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
@@ -111,7 +119,11 @@ def _detctx_block(request: pytest.FixtureRequest) -> Iterator[Seeding | None]:
         return
     with block as seeding:
         item.user_properties.append((_PROPERTY, seeding.seed))
-        yield seeding
+        # A @given test: each example also runs in its own entry of the block.
+        from detctx.integrations.hypothesis import examples_in
+
+        with examples_in(block, getattr(item, "obj", None)):
+            yield seeding
 
 
 @pytest.fixture

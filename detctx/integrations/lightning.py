@@ -1,0 +1,335 @@
+"""``DeterministicCallback``: a whole Lightning fit from one seed, evaluation in its own world.
+
+A Lightning ``Callback`` for ``lightning.pytorch`` or ``pytorch_lightning``
+(whichever the program imported; ``callback_class(framework)`` picks one
+explicitly). Lightning is imported only when the class is first looked up::
+
+    import lightning.pytorch as pl
+    from detctx.integrations.lightning import DeterministicCallback
+
+    trainer = pl.Trainer(max_epochs=3, callbacks=[DeterministicCallback(seed=1234)])
+    trainer.fit(model, train_loader, val_loader)
+
+What it does, in every process of the run (``ddp_spawn`` children too):
+
+- ``setup``: enters ``detctx.deterministic(seed)`` for the whole stage (every
+  RNG seeded exactly as ``seed_everything(seed)`` seeds it, determinism
+  switched on as ``Trainer(deterministic=True)`` does) and exports
+  ``PL_GLOBAL_SEED=seed``, which Lightning's DDP setup (``reset_seed``) and its
+  ``DistributedSampler`` read; ``teardown`` (or ``on_exception``) restores every
+  RNG, switch and both ``PL_*`` variables.
+- Every validation run (the sanity check too), test, validate and predict
+  loop runs in ``detctx.deterministic(eval_seed)``, from the creation of its
+  data loader iterator to its end. Each starts from the same state, and the
+  training RNG streams continue as if it had never run: the training loss
+  curve does not depend on how often validation runs.
+- Checkpoints carry the training RNG state (the callback's ``state_dict``, as
+  plain tensors and ints); ``fit(ckpt_path=...)`` checks it in full, then
+  restores it, so a run resumed at an epoch boundary continues bit for bit.
+
+Best-effort: anything that draws random numbers before the ``setup`` hook
+(building the model, a ``LightningDataModule.setup`` that splits at random)
+is outside the callback; build the model inside
+``with detctx.deterministic(seed=...)`` and give ``random_split`` its own
+generator. A resume in the middle of an epoch restores the RNG state but
+Lightning does not restore the data loader's position.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import sys
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from typing_extensions import Unpack
+
+from detctx.context import deterministic
+from detctx.errors import CheckpointError, DeterminismWarning, MissingDependencyError
+from detctx.seeds import DEFAULT_SEED, resolve_seed, validate_seed
+from detctx.snapshot import Snapshot
+from detctx.switches import SwitchOptions
+
+# DeterministicCallback is provided by the module's __getattr__, built on first use.
+__all__ = ["FRAMEWORKS", "STATE_FORMAT", "DeterministicCallback", "callback_class"]  # noqa: F822
+
+FRAMEWORKS = ("lightning.pytorch", "pytorch_lightning")
+"""The Lightning packages the callback can be built for, preferred first."""
+
+STATE_FORMAT = "detctx.lightning"
+"""The ``"format"`` entry of the callback's checkpoint state."""
+
+_STATE_VERSION = 1
+_ENV = ("PL_GLOBAL_SEED", "PL_SEED_WORKERS")
+_classes: dict[str, type[Any]] = {}
+
+
+def __getattr__(name: str) -> Any:
+    # ``DeterministicCallback`` needs Lightning's ``Callback`` as its base, so it
+    # is built on first use, for the Lightning package the program uses.
+    if name == "DeterministicCallback":
+        return callback_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def callback_class(framework: str | None = None) -> type[Any]:
+    """``DeterministicCallback`` built on ``framework``'s ``Callback``.
+
+    ``framework``: ``"lightning.pytorch"`` or ``"pytorch_lightning"``; by
+    default the one already imported (``lightning.pytorch`` if both are),
+    else the first one installed. Raises
+    :class:`~detctx.errors.MissingDependencyError` when neither is installed.
+    """
+    if framework is None:
+        framework = _framework_in_use()
+    elif framework not in FRAMEWORKS:
+        raise ValueError(f"framework must be one of {FRAMEWORKS}, got {framework!r}")
+    built = _classes.get(framework)
+    if built is None:
+        base = _import(framework).Callback
+        built = type(
+            "DeterministicCallback",
+            (_DeterministicCallback, base),
+            {
+                "__module__": __name__,
+                "__qualname__": "DeterministicCallback",
+                "__doc__": _DeterministicCallback.__doc__,
+                "framework": framework,
+            },
+        )
+        _classes[framework] = built
+    return built
+
+
+def _framework_in_use() -> str:
+    for name in FRAMEWORKS:
+        if sys.modules.get(name) is not None:
+            return name
+    for name in FRAMEWORKS:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            continue
+        return name
+    raise MissingDependencyError(
+        "detctx.integrations.lightning needs Lightning: pip install 'detctx[lightning]' "
+        "(or pip install lightning / pytorch-lightning)"
+    )
+
+
+def _import(framework: str) -> Any:
+    try:
+        return importlib.import_module(framework)
+    except ImportError as exc:
+        package = framework.split(".")[0].replace("_", "-")
+        raise MissingDependencyError(
+            f"{framework} is not installed ({exc}): pip install 'detctx[lightning]' "
+            f"(or pip install {package})"
+        ) from exc
+
+
+def _rebuild(framework: str, config: dict[str, Any]) -> Any:
+    """Unpickle a callback (``ddp_spawn`` sends it to each child): its configuration only."""
+    return callback_class(framework)(**config)
+
+
+def _eval_loops(trainer: Any) -> list[Any]:
+    """The trainer's loops that evaluate or predict (those it has, by attribute name)."""
+    fit_loop = getattr(trainer, "fit_loop", None)
+    epoch_loop = getattr(fit_loop, "epoch_loop", None)
+    candidates = [
+        getattr(epoch_loop, "val_loop", None),
+        getattr(trainer, "validate_loop", None),
+        getattr(trainer, "test_loop", None),
+        getattr(trainer, "predict_loop", None),
+    ]
+    return [
+        loop for loop in candidates if loop is not None and callable(getattr(loop, "run", None))
+    ]
+
+
+class _DeterministicCallback:
+    """Seed a Lightning run from ``seed``, evaluate in ``eval_seed``'s world, checkpoint the RNGs.
+
+    ``seed``: an int in ``[0, 2**32 - 1]`` (default 1234), or ``None`` for
+    ``$DETCTX_SEED`` if set, else a fresh seed, resolved once, here (with
+    ``strategy="ddp"``, where each process builds its own callback, pass an
+    int or set ``$DETCTX_SEED``). ``eval_seed``: the seed every validation,
+    sanity check, test and predict loop starts from (default 0).
+    ``**switches``: :class:`~detctx.SwitchOptions`, as for
+    :class:`detctx.deterministic`. Bad values raise here. See
+    :mod:`detctx.integrations.lightning`.
+    """
+
+    framework: str
+
+    def __init__(
+        self,
+        seed: int | None = DEFAULT_SEED,
+        eval_seed: int = 0,
+        **switches: Unpack[SwitchOptions],
+    ) -> None:
+        self.seed = resolve_seed(None if seed is None else validate_seed(seed))
+        self.eval_seed = validate_seed(eval_seed, "eval_seed")
+        self._switches = dict(switches)
+        self._run_block = deterministic(self.seed, **switches)
+        self._eval_block = deterministic(self.eval_seed, **switches)
+        self._open = False
+        self._saved_env: dict[str, str | None] = {}
+        self._patched: list[Any] = []
+        # The training streams while an evaluation loop runs (checkpoints saved
+        # then must hold them, not the evaluation's), and after the run ends.
+        self._paused: list[Snapshot] = []
+        self._last: Snapshot | None = None
+        self._pending: Snapshot | None = None
+        self._resumed = False
+
+    def __repr__(self) -> str:
+        return f"DeterministicCallback(seed={self.seed}, eval_seed={self.eval_seed})"
+
+    def __reduce__(self) -> tuple[Callable[..., Any], tuple[str, dict[str, Any]]]:
+        config = {"seed": self.seed, "eval_seed": self.eval_seed, **self._switches}
+        return (_rebuild, (self.framework, config))
+
+    @property
+    def state_key(self) -> str:
+        """The key of the callback's state in a checkpoint's ``"callbacks"``."""
+        return "detctx.DeterministicCallback"
+
+    # Lightning hooks.
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if self._open:
+            return
+        self._run_block.__enter__()
+        self._open = True
+        self._resumed = self._pending is not None
+        try:
+            self._saved_env = {name: os.environ.get(name) for name in _ENV}
+            os.environ["PL_GLOBAL_SEED"] = str(self.seed)
+            os.environ["PL_SEED_WORKERS"] = self._saved_env["PL_SEED_WORKERS"] or "0"
+            for loop in _eval_loops(trainer):
+                loop.run = self._scoped(loop.run)
+                self._patched.append(loop)
+            if self._pending is not None:
+                pending, self._pending = self._pending, None
+                pending.restore()
+        except BaseException:
+            self._close()
+            raise
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self._close()
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self._close()
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        # Called after Lightning restored the checkpoint (if any), whatever the strategy.
+        if getattr(trainer, "ckpt_path", None) is not None and not self._resumed:
+            warnings.warn(
+                f"the checkpoint {trainer.ckpt_path} holds no detctx RNG state (it was saved "
+                f"without DeterministicCallback), so this run continues from seed {self.seed}, "
+                "not from the RNG state of the run that saved it; resume from a checkpoint "
+                "saved with DeterministicCallback for a bit-identical continuation",
+                DeterminismWarning,
+                stacklevel=1,
+            )
+
+    def state_dict(self) -> dict[str, Any]:
+        """The training RNG state (plain data), with the seeds it was reached from."""
+        if self._paused:
+            state = self._paused[-1]
+        elif self._open or self._last is None:
+            state = Snapshot.capture()
+        else:
+            state = self._last
+        return {
+            "format": STATE_FORMAT,
+            "version": _STATE_VERSION,
+            "seed": self.seed,
+            "eval_seed": self.eval_seed,
+            "rng": state.state_dict(),
+        }
+
+    def load_state_dict(self, state_dict: Any) -> None:
+        """Check ``state_dict`` in full, then put its RNG state in place (at ``setup`` if
+        the run has not started). Raises :class:`~detctx.errors.CheckpointError`, with
+        nothing changed, for anything that is not such a state."""
+        snapshot = self._checked(state_dict)
+        self._resumed = True
+        if self._open:
+            snapshot.restore()
+        else:
+            self._pending = snapshot
+
+    # Machinery.
+
+    def _checked(self, state_dict: Any) -> Snapshot:
+        if not isinstance(state_dict, Mapping):
+            raise CheckpointError(
+                f"the checkpoint's {self.state_key!r} entry is a {type(state_dict).__name__}, "
+                "not the dict DeterministicCallback saves; was it written by another callback?"
+            )
+        header = (state_dict.get("format"), state_dict.get("version"))
+        if header != (STATE_FORMAT, _STATE_VERSION):
+            raise CheckpointError(
+                f"the checkpoint's {self.state_key!r} entry has format "
+                f"{state_dict.get('format')!r} version {state_dict.get('version')!r}; this detctx "
+                f"reads {STATE_FORMAT!r} version {_STATE_VERSION}. Resume with the detctx "
+                "version that saved it"
+            )
+        if "rng" not in state_dict:
+            raise CheckpointError(f"the checkpoint's {self.state_key!r} entry has no 'rng' state")
+        snapshot = Snapshot.from_state_dict(state_dict["rng"])
+        saved = (state_dict.get("seed"), state_dict.get("eval_seed"))
+        if saved != (self.seed, self.eval_seed):
+            warnings.warn(
+                f"resuming a run saved with seed={saved[0]}, eval_seed={saved[1]} under "
+                f"DeterministicCallback(seed={self.seed}, eval_seed={self.eval_seed}): the "
+                "training RNG state comes from the checkpoint, the evaluation seed from this "
+                "callback; pass the seeds the run was started with to continue it exactly",
+                DeterminismWarning,
+                stacklevel=1,
+            )
+        return snapshot
+
+    def _scoped(self, run: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(run)
+        def run_in_eval_block(*args: Any, **kwargs: Any) -> Any:
+            self._paused.append(Snapshot.capture())
+            try:
+                with self._eval_block:
+                    return run(*args, **kwargs)
+            finally:
+                self._paused.pop()
+
+        return run_in_eval_block
+
+    def _close(self) -> None:
+        """Undo ``setup``: every part is attempted, the first error raised afterwards."""
+        if not self._open:
+            return
+        self._open = False
+        first_error: BaseException | None = None
+        for loop in self._patched:
+            try:
+                del loop.run
+            except AttributeError as exc:
+                first_error = first_error or exc
+        self._patched.clear()
+        for name, value in self._saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        self._saved_env = {}
+        try:
+            self._last = Snapshot.capture()
+        finally:
+            self._run_block.__exit__(None, None, None)
+        if first_error is not None:
+            raise first_error
