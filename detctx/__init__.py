@@ -21,6 +21,7 @@ from detctx.distributed import (
 from detctx.errors import (
     CheckpointError,
     DetctxError,
+    DeterminismUnavailableError,
     DeterminismWarning,
     MetricsError,
     MissingDependencyError,
@@ -51,6 +52,7 @@ __all__ = [
     "SEED_ENV",
     "CheckpointError",
     "DetctxError",
+    "DeterminismUnavailableError",
     "DeterminismWarning",
     "DistributedRun",
     "DistributedSeeding",
