@@ -30,6 +30,7 @@ from detctx.errors import (
     RankDivergenceError,
     SeedMismatchError,
 )
+from detctx.region import DeterministicRegion, deterministic_region
 from detctx.seeds import DEFAULT_SEED, SEED_ENV, derive_seed, group_seed
 from detctx.settings import Seeding
 from detctx.snapshot import Snapshot, capture, fingerprint, restore
@@ -54,6 +55,7 @@ __all__ = [
     "DetctxError",
     "DeterminismUnavailableError",
     "DeterminismWarning",
+    "DeterministicRegion",
     "DistributedRun",
     "DistributedSeeding",
     "EnvSwitchOptions",
@@ -78,6 +80,7 @@ __all__ = [
     "collective_device",
     "derive_seed",
     "deterministic",
+    "deterministic_region",
     "distributed_deterministic",
     "fingerprint",
     "group_seed",
