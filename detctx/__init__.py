@@ -30,6 +30,7 @@ from detctx.errors import (
     RankDivergenceError,
     SeedMismatchError,
 )
+from detctx.probe import ProbeOp, ProbeReport, ProbeRow, run_probe
 from detctx.region import DeterministicRegion, deterministic_region
 from detctx.seeds import DEFAULT_SEED, SEED_ENV, derive_seed, group_seed
 from detctx.settings import Seeding
@@ -64,6 +65,9 @@ __all__ = [
     "NotReproducibleError",
     "OutOfOrderExitError",
     "PlainStateSource",
+    "ProbeOp",
+    "ProbeReport",
+    "ProbeRow",
     "RNGSource",
     "RNGState",
     "RankDivergenceError",
@@ -90,6 +94,7 @@ __all__ = [
     "register_accelerator",
     "register_source",
     "restore",
+    "run_probe",
     "seed_all",
     "seed_worker",
     "unregister_source",
