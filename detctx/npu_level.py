@@ -21,7 +21,13 @@ import torch
 from detctx.accelerators import active_accelerators
 from detctx.errors import DeterminismUnavailableError, DeterminismWarning
 
-__all__ = ["LEVEL_API_VERSIONS", "NPU_LEVELS", "NpuLevelSwitch", "npu_level_api"]
+__all__ = [
+    "LEVEL_API_VERSIONS",
+    "NPU_LEVELS",
+    "NpuLevelSwitch",
+    "describe_npu_level",
+    "npu_level_api",
+]
 
 NPU_LEVELS: Final = (1, 2, 3)
 """The levels a block can ask for (``None``: follow the ``algorithms`` switch)."""
@@ -49,6 +55,17 @@ def npu_level_api() -> tuple[Any, Any] | None:
             if setter is None or getter is None:
                 return None
             return setter, getter
+    return None
+
+
+def describe_npu_level() -> int | str | None:
+    """The process's NPU determinism level for a report: the level, a sentence when
+    torch_npu lacks the API, or None without an NPU."""
+    api = npu_level_api()
+    if api is not None:
+        return int(_quietly(api[1]))
+    if _npu_present():
+        return f"not in this torch_npu (needs {LEVEL_API_VERSIONS})"
     return None
 
 
