@@ -1,0 +1,146 @@
+"""Scenarios 1 and 4 on the real CUDA devices of this machine (skipped without one).
+
+Two configurations, each in its own interpreter: "initialised" (every CUDA
+device woken before the blocks: their RNG states are read and written on
+every block) and "uninitialised" (CUDA never woken: detctx must not wake it,
+and seeds it lazily). The floor with initialised devices is the CPU floor
+plus, per device, ``get_rng_state(i)`` and ``set_rng_state(state, i)`` and one
+``manual_seed_all``; with uninitialised devices it is the CPU floor alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from benchmarks.harness import Result, Row, Settings, Stats, Table, Target, format_stats
+
+SCENARIO = "1+4 cuda"
+ROOT = Path(__file__).resolve().parent.parent
+MEASURES = ("block", "capture", "restore", "fingerprint")
+_TITLE = "Cost with the CUDA devices of this machine"
+_COLUMNS = ["devices", "state", *MEASURES, "floor of a block"]
+
+
+def child(initialised: bool, quick: bool) -> dict[str, Any]:
+    """Measure one configuration in this (fresh) process."""
+    import torch
+
+    import detctx
+    from benchmarks import baselines
+    from benchmarks.harness import measure, preserved_process_state, repeated
+
+    cuda = torch.cuda
+    count = cuda.device_count()
+    if initialised:
+        # As the README advises: determinism and the cuBLAS workspace before CUDA wakes.
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+        torch.use_deterministic_algorithms(True)
+        for index in range(count):
+            torch.ones(1, device=f"cuda:{index}")
+    block = detctx.deterministic(seed=baselines.SEED)
+
+    def detctx_block() -> None:
+        with block:
+            pass
+
+    def floor() -> None:
+        if not initialised:
+            baselines.floor_block()
+            return
+        states = [cuda.get_rng_state(i) for i in range(count)]
+        baselines.floor_block(lambda: cuda.manual_seed_all(baselines.SEED))
+        for index, state in enumerate(states):
+            cuda.set_rng_state(state, index)
+
+    with preserved_process_state():
+        state = detctx.capture()
+        stats = measure(
+            {
+                "block": repeated(detctx_block),
+                "floor": repeated(floor),
+                "capture": repeated(detctx.capture),
+                "restore": repeated(state.restore),
+                "fingerprint": repeated(detctx.fingerprint),
+            },
+            Settings.make(quick),
+        )
+    if not initialised and cuda.is_initialized():  # type: ignore[no-untyped-call]
+        raise RuntimeError("a block initialised CUDA, which the program had not used")
+    result: dict[str, Any] = {name: vars(value) for name, value in stats.items()}
+    result["devices"] = count
+    return result
+
+
+def _run_child(initialised: bool, quick: bool) -> tuple[int, dict[str, Stats]]:
+    env = dict(os.environ)
+    env.pop("CUBLAS_WORKSPACE_CONFIG", None)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.cuda", str(int(initialised)), str(int(quick))],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=ROOT,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"CUDA benchmark child failed:\n{done.stderr[-2000:]}")
+    data = json.loads(done.stdout.strip().splitlines()[-1])
+    count = int(data.pop("devices"))
+    return count, {name: Stats(**fields) for name, fields in data.items()}
+
+
+def run(settings: Settings) -> Result:
+    import torch
+
+    if not torch.cuda.is_available():
+        absent = "not available: no CUDA device"
+        return Result(
+            [Row(SCENARIO, "block with CUDA devices", None, note=absent)],
+            [
+                Table(
+                    _TITLE, _COLUMNS, [["0", "-", *("-" for _ in range(len(_COLUMNS) - 2))]], absent
+                )
+            ],
+        )
+    count, woken = _run_child(True, settings.quick)
+    _, asleep = _run_child(False, settings.quick)
+    rows = [
+        Row(
+            SCENARIO,
+            f"block, {count} initialised CUDA device(s)",
+            woken["block"],
+            f"floor, {count} initialised CUDA device(s)",
+            woken["floor"],
+            Target("ratio", 1.15),
+        ),
+        Row(
+            SCENARIO,
+            f"block, {count} uninitialised CUDA device(s)",
+            asleep["block"],
+            "floor, no device touched",
+            asleep["floor"],
+            Target("ratio", 1.15),
+            note="CUDA stays uninitialised: seeded lazily, the queued seed taken back on exit",
+        ),
+    ]
+    table = Table(
+        _TITLE,
+        _COLUMNS,
+        [
+            [str(count), state, *(format_stats(stats[name]) for name in (*MEASURES, "floor"))]
+            for state, stats in (("initialised", woken), ("uninitialised", asleep))
+        ],
+        note=f"Each configuration ran in its own interpreter, on {count} CUDA device(s).",
+    )
+    return Result(rows, [table])
+
+
+if __name__ == "__main__":
+    init, quick_flag = (int(arg) for arg in sys.argv[1:3])
+    print(json.dumps(child(bool(init), bool(quick_flag))))
