@@ -7,6 +7,9 @@ layers are described in ``docs/architecture.md``.
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from detctx.accelerators import register_accelerator
 from detctx.context import deterministic, open_blocks, seed_all
 from detctx.data import loader_generator, seed_worker
@@ -30,8 +33,6 @@ from detctx.errors import (
     RankDivergenceError,
     SeedMismatchError,
 )
-from detctx.probe import ProbeOp, ProbeReport, ProbeRow, run_probe
-from detctx.region import DeterministicRegion, deterministic_region
 from detctx.seeds import DEFAULT_SEED, SEED_ENV, derive_seed, group_seed
 from detctx.settings import Seeding
 from detctx.snapshot import Snapshot, capture, fingerprint, restore
@@ -41,6 +42,31 @@ from detctx.switches import EnvSwitchOptions, SwitchOptions
 from detctx.verify import check_gradients, check_reproducible
 
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from detctx.probe import ProbeOp, ProbeReport, ProbeRow, run_probe
+    from detctx.region import DeterministicRegion, deterministic_region
+
+# Imported on first use: the region's autograd functions and the probe's catalogue
+# cost `import detctx` several ms that most programs never use
+# (python -X importtime -c "import torch; import detctx" | grep -E "probe|region").
+_ON_FIRST_USE = {
+    "DeterministicRegion": "detctx.region",
+    "deterministic_region": "detctx.region",
+    "ProbeOp": "detctx.probe",
+    "ProbeReport": "detctx.probe",
+    "ProbeRow": "detctx.probe",
+    "run_probe": "detctx.probe",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _ON_FIRST_USE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'detctx' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
 # Earlier names, kept working: ``Run`` is now ``Seeding`` (what an entry applied;
 # "run" is kept for runs of a program), and the RNG-only snapshot that
