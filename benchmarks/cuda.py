@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from benchmarks.devices import measure_devices
 from benchmarks.harness import Result, Row, Settings, Stats, Table, Target, format_stats
 
 SCENARIO = "1+4 cuda"
@@ -30,48 +31,14 @@ def child(initialised: bool, quick: bool) -> dict[str, Any]:
     """Measure one configuration in this (fresh) process."""
     import torch
 
-    import detctx
-    from benchmarks import baselines
-    from benchmarks.harness import measure, preserved_process_state, repeated
-
-    cuda = torch.cuda
-    count = cuda.device_count()
+    count = torch.cuda.device_count()
     if initialised:
         # As the README advises: determinism and the cuBLAS workspace before CUDA wakes.
         os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
         torch.use_deterministic_algorithms(True)
         for index in range(count):
             torch.ones(1, device=f"cuda:{index}")
-    block = detctx.deterministic(seed=baselines.SEED)
-
-    def detctx_block() -> None:
-        with block:
-            pass
-
-    def floor() -> None:
-        if not initialised:
-            baselines.floor_block()
-            return
-        states = [cuda.get_rng_state(i) for i in range(count)]
-        baselines.floor_block(lambda: cuda.manual_seed_all(baselines.SEED))
-        for index, state in enumerate(states):
-            cuda.set_rng_state(state, index)
-
-    with preserved_process_state():
-        state = detctx.capture()
-        stats = measure(
-            {
-                "block": repeated(detctx_block),
-                "floor": repeated(floor),
-                "capture": repeated(detctx.capture),
-                "restore": repeated(state.restore),
-                "fingerprint": repeated(detctx.fingerprint),
-            },
-            Settings.make(quick),
-        )
-    if not initialised and cuda.is_initialized():  # type: ignore[no-untyped-call]
-        raise RuntimeError("a block initialised CUDA, which the program had not used")
-    result: dict[str, Any] = {name: vars(value) for name, value in stats.items()}
+    result = measure_devices(torch.cuda, count, initialised, quick)
     result["devices"] = count
     return result
 

@@ -55,7 +55,12 @@ def child(devices: int, initialised: bool, quick: bool) -> dict[str, Any]:
         # wakes, so blocks do not change the flag (and warn) on every entry.
         torch.use_deterministic_algorithms(True)
         npu.init()
+    return measure_devices(npu, devices, initialised, quick)
 
+
+def measure_devices(module: Any, count: int, initialised: bool, quick: bool) -> dict[str, Any]:
+    """A block, its floor and the snapshot calls with ``count`` devices of the device
+    module ``module`` (woken or not, as ``initialised`` says); fails if one was woken."""
     import detctx
     from benchmarks import baselines
     from benchmarks.harness import measure, preserved_process_state, repeated
@@ -70,14 +75,14 @@ def child(devices: int, initialised: bool, quick: bool) -> dict[str, Any]:
         if not initialised:
             baselines.floor_block()
             return
-        states = [npu.get_rng_state(i) for i in range(devices)]
+        states = [module.get_rng_state(i) for i in range(count)]
 
         def seed_devices() -> None:
-            npu.manual_seed_all(baselines.SEED)
+            module.manual_seed_all(baselines.SEED)
 
         baselines.floor_block(seed_devices)
         for index, state in enumerate(states):
-            npu.set_rng_state(state, index)
+            module.set_rng_state(state, index)
 
     with preserved_process_state():
         state = detctx.capture()
@@ -91,8 +96,8 @@ def child(devices: int, initialised: bool, quick: bool) -> dict[str, Any]:
             },
             Settings.make(quick),
         )
-    if not initialised and npu.is_initialized():
-        raise RuntimeError("a block initialised an uninitialised simulated device")
+    if not initialised and module.is_initialized():
+        raise RuntimeError("a block initialised a device the program had not used")
     return {name: vars(value) for name, value in stats.items()}
 
 
