@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
-from benchmarks.devices import measure_devices
+from benchmarks.devices import measure_devices, run_child
 from benchmarks.harness import Result, Row, Settings, Stats, Table, Target, format_stats
 
 SCENARIO = "1+4 cuda"
-ROOT = Path(__file__).resolve().parent.parent
 MEASURES = ("block", "capture", "restore", "fingerprint")
 _TITLE = "Cost with the CUDA devices of this machine"
 _COLUMNS = ["devices", "state", *MEASURES, "floor of a block"]
@@ -44,20 +41,10 @@ def child(initialised: bool, quick: bool) -> dict[str, Any]:
 
 
 def _run_child(initialised: bool, quick: bool) -> tuple[int, dict[str, Stats]]:
-    env = dict(os.environ)
-    env.pop("CUBLAS_WORKSPACE_CONFIG", None)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.cuda", str(int(initialised)), str(int(quick))],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-        cwd=ROOT,
+    # A child that wakes CUDA sets the cuBLAS workspace itself, before its first GEMM.
+    data = run_child(
+        "benchmarks.cuda", [int(initialised), int(quick)], unset=("CUBLAS_WORKSPACE_CONFIG",)
     )
-    if done.returncode != 0:
-        raise RuntimeError(f"CUDA benchmark child failed:\n{done.stderr[-2000:]}")
-    data = json.loads(done.stdout.strip().splitlines()[-1])
     count = int(data.pop("devices"))
     return count, {name: Stats(**fields) for name, fields in data.items()}
 

@@ -102,17 +102,17 @@ def measure_devices(module: Any, count: int, initialised: bool, quick: bool) -> 
 
 
 def _run_child(devices: int, initialised: bool, quick: bool) -> dict[str, Stats]:
-    env = dict(os.environ)
+    data = run_child("benchmarks.devices", [devices, int(initialised), int(quick)])
+    return {name: Stats(**fields) for name, fields in data.items()}
+
+
+def run_child(module: str, args: list[int], *, unset: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Run ``python -m module args`` from the repository root, without the variables
+    ``unset``, and return the JSON object on the last line of its output."""
+    env = {name: value for name, value in os.environ.items() if name not in unset}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.devices",
-            str(devices),
-            str(int(initialised)),
-            str(int(quick)),
-        ],
+        [sys.executable, "-m", module, *(str(arg) for arg in args)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -120,9 +120,9 @@ def _run_child(devices: int, initialised: bool, quick: bool) -> dict[str, Stats]
         cwd=ROOT,
     )
     if done.returncode != 0:
-        raise RuntimeError(f"device benchmark child failed:\n{done.stderr[-2000:]}")
-    data = json.loads(done.stdout.strip().splitlines()[-1])
-    return {name: Stats(**fields) for name, fields in data.items()}
+        raise RuntimeError(f"benchmark child {module} failed:\n{done.stderr[-2000:]}")
+    data: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return data
 
 
 def _scaled(stats: Stats, factor: float) -> Stats:
