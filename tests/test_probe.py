@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -123,3 +124,22 @@ def test_doctor_device_without_probe_or_an_absent_device_is_bad_usage(
     assert "add --probe" in capsys.readouterr().err
     assert main(["doctor", "--probe", "--device", "cuda"]) == 2 or torch.cuda.is_available()
     assert detctx.run_probe is run_probe
+
+
+def test_in_a_process_group_the_probe_adds_an_all_reduce(tmp_path: Path) -> None:
+    dist = torch.distributed
+    if not dist.is_available() or dist.is_initialized():
+        pytest.skip("needs torch.distributed and no process group yet")
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        report = run_probe(["cpu"], ops=[op for op in CATALOGUE if op.name == "all_reduce"])
+    finally:
+        dist.destroy_process_group()
+    [row] = report.rows
+    assert (row.op, row.identical_off, row.identical_on, row.error) == (
+        "all_reduce",
+        True,
+        True,
+        None,
+    )
