@@ -112,7 +112,10 @@ class _Exit(torch.autograd.Function):
         ctx.crossing = crossing
         ctx.token_device = token.device
         ctx.set_materialize_grads(False)
-        return outputs
+        # Aliases, not the inputs themselves: autograd forbids in-place ops (a ReLU with
+        # inplace=True after the region) on an input a Function returns as-is, e.g.
+        # `y = Identity.apply(x); y.relu_()` raises "Output 0 of ... is a view".
+        return tuple(output.detach() for output in outputs)
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:

@@ -200,6 +200,19 @@ def test_outputs_in_tuples_and_dicts_are_covered_and_keep_their_types() -> None:
     assert flags() == (False, False)
 
 
+def test_an_in_place_op_after_the_region_works_as_it_does_without_it() -> None:
+    torch.manual_seed(0)
+    part = nn.Linear(3, 3)
+    x = torch.randn(2, 3, requires_grad=True)
+    nn.functional.relu(part(x), inplace=True).sum().backward()
+    expected = x.grad.clone()  # type: ignore[union-attr]
+    x.grad = None
+    out = detctx.deterministic_region(part)(x)
+    nn.functional.relu(out, inplace=True).sum().backward()
+    assert torch.equal(x.grad, expected)  # type: ignore[arg-type]
+    assert flags() == (False, False)
+
+
 def test_a_region_computes_what_the_bare_part_computes() -> None:
     torch.manual_seed(0)
     part = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
