@@ -8,6 +8,7 @@ it in step with ``torch.use_deterministic_algorithms``, warning as torch_npu doe
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -213,3 +214,19 @@ def test_any_nesting_of_levels_and_algorithm_settings_restores_the_users_state()
 @pytest.mark.deterministic(seed=0, npu_level=2)
 def test_the_pytest_marker_takes_the_level(detctx_seeding: detctx.Seeding) -> None:
     assert "npu_level=2 (no NPU: not applied)" in detctx_seeding.switches
+
+
+def test_distributed_deterministic_takes_the_level_in_a_process_group(tmp_path: Path) -> None:
+    dist = torch.distributed
+    if not dist.is_available() or dist.is_initialized():
+        pytest.skip("needs torch.distributed and no process group yet")
+    dist.init_process_group(
+        "gloo", store=dist.FileStore(str(tmp_path / "s"), 1), rank=0, world_size=1
+    )
+    try:
+        with detctx.distributed_deterministic(seed=3, npu_level=3) as seeding:
+            assert torch.are_deterministic_algorithms_enabled()
+    finally:
+        dist.destroy_process_group()
+    assert "npu_level=3 (no NPU: not applied)" in seeding.switches
+    assert not torch.are_deterministic_algorithms_enabled()
