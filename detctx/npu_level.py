@@ -86,7 +86,8 @@ class NpuLevelSwitch:
     and the API exist. Set: ``set_deterministic_level(level)``, which also
     turns ``torch.use_deterministic_algorithms`` on (restored on exit by the
     ``algorithms`` switch, even with ``algorithms=False``). Restored: the
-    saved level. Best-effort: without an NPU it does nothing (the log line says
+    saved level (0 and 1, which torch_npu keeps equal to torch's flag, through
+    the ``algorithms`` switch; so ``None`` never calls torch_npu). Best-effort: without an NPU it does nothing (the log line says
     so); with a torch_npu that predates the API, level 1 is
     ``torch.use_deterministic_algorithms(True)`` and 2 or 3 warn
     (:class:`~detctx.DeterminismWarning`) and fall back to it::
@@ -150,5 +151,10 @@ class NpuLevelSwitch:
         if saved is None:
             return
         api = npu_level_api()
-        if api is not None and _quietly(api[1]) != saved:
+        if api is None:
+            return
+        now = int(_quietly(api[1]))
+        # Levels 0 and 1 are torch's flag itself (torch_npu re-syncs the level with it),
+        # which the algorithms switch restores next: only 2 and 3 need setting back.
+        if now != saved and max(now, saved) >= 2:
             _quietly(api[0], saved)

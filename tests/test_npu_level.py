@@ -60,6 +60,9 @@ def test_levels_are_set_inside_blocks_and_put_back_with_torchs_flag() -> None:
 
         warnings.simplefilter("error")             # no torch_npu warning may reach the user
         assert state() == (0, False, False)
+        with detctx.deterministic(seed=0):         # None: torch_npu's level API is not used
+            assert state() == (1, True, False)
+        assert state() == (0, False, False) and sim.level_calls == 0
         with detctx.deterministic(seed=0, npu_level=2) as seeding:
             assert state() == (2, True, False), state()
             assert "npu_level=2" in seeding.switches
