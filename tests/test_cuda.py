@@ -4,8 +4,9 @@ Run them all on a GPU machine (a few minutes at most):
 
     python -m pytest -m cuda -q -p no:cacheprovider
 
-Tests that need CUDA untouched (lazy seeding, the cuBLAS warning, training
-from a fresh process) run in a fresh interpreter through ``run_python``.
+Every test runs in a fresh interpreter (``run_python`` or a subprocess): some
+need CUDA untouched (lazy seeding, the cuBLAS warning), and none may wake CUDA
+in the test process, where later tests expect it asleep.
 """
 
 from __future__ import annotations
@@ -20,8 +21,6 @@ import pytest
 import torch
 from conftest import ROOT, run_python
 
-import detctx
-
 needs_cuda = [
     pytest.mark.cuda,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
@@ -29,37 +28,40 @@ needs_cuda = [
 pytestmark = needs_cuda
 
 
-def draws(device: int) -> torch.Tensor:
-    return torch.rand(4, device=f"cuda:{device}").cpu()
-
-
 def test_every_cuda_device_is_seeded_in_the_block_and_continues_its_stream_after() -> None:
-    devices = range(torch.cuda.device_count())
-    torch.manual_seed(5)
-    for device in devices:
-        draws(device)
-    saved = [torch.cuda.get_rng_state(device) for device in devices]
-    expected_after = {device: draws(device) for device in devices}  # the stream, unblocked
-    for device, state in zip(devices, saved):
-        torch.cuda.set_rng_state(state, device)
+    out = run_python(
+        """
+        import torch, detctx
 
-    with detctx.deterministic(seed=0) as seeding:
-        assert "cuda" in seeding.sources
-        inside = {device: draws(device) for device in devices}
-    after = {device: draws(device) for device in devices}
+        def draws(device):
+            return torch.rand(4, device=f"cuda:{device}").cpu()
 
-    assert all(torch.equal(after[device], expected_after[device]) for device in devices)
-    torch.cuda.manual_seed_all(0)
-    assert all(torch.equal(inside[device], draws(device)) for device in devices)
+        devices = range(torch.cuda.device_count())
+        torch.manual_seed(5)
+        for device in devices:
+            draws(device)
+        saved = [torch.cuda.get_rng_state(device) for device in devices]
+        expected_after = {device: draws(device) for device in devices}  # the stream, unblocked
+        for device, state in zip(devices, saved):
+            torch.cuda.set_rng_state(state, device)
 
+        with detctx.deterministic(seed=0) as seeding:
+            assert "cuda" in seeding.sources
+            inside = {device: draws(device) for device in devices}
+        after = {device: draws(device) for device in devices}
+        assert all(torch.equal(after[device], expected_after[device]) for device in devices)
+        torch.cuda.manual_seed_all(0)
+        assert all(torch.equal(inside[device], draws(device)) for device in devices)
 
-def test_a_snapshot_captures_and_restores_each_cuda_device() -> None:
-    devices = range(torch.cuda.device_count())
-    state = detctx.capture()
-    assert len(state["cuda"]) == torch.cuda.device_count()
-    first = {device: draws(device) for device in devices}
-    state.restore()
-    assert all(torch.equal(draws(device), first[device]) for device in devices)
+        state = detctx.capture()                     # a snapshot holds every device's state
+        assert len(state["cuda"]) == torch.cuda.device_count()
+        first = {device: draws(device) for device in devices}
+        state.restore()
+        assert all(torch.equal(draws(device), first[device]) for device in devices)
+        print("ok")
+        """
+    )
+    assert out.strip() == "ok"
 
 
 def test_an_unused_cuda_device_is_seeded_lazily_and_never_woken() -> None:
@@ -163,25 +165,33 @@ def test_a_small_conv_net_trains_twice_bit_identical_with_determinism_on() -> No
 
 
 def test_a_region_covers_its_backward_on_cuda() -> None:
-    seen: list[tuple[str, bool]] = []
+    out = run_python(
+        """
+        import torch, detctx
 
-    class Record(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx: Any, x: torch.Tensor, tag: str) -> torch.Tensor:
-            ctx.tag = tag
-            return x.clone()
+        seen = []
 
-        @staticmethod
-        def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-            seen.append((ctx.tag, torch.are_deterministic_algorithms_enabled()))
-            return grad, None
+        class Record(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x, tag):
+                ctx.tag = tag
+                return x.clone()
 
-    part = torch.nn.Linear(64, 64).cuda()
-    region = detctx.deterministic_region(lambda t: Record.apply(part(t), "inside"))
-    x = torch.randn(32, 64, device="cuda", requires_grad=True)
-    Record.apply(region(Record.apply(x, "before")), "after").sum().backward()
-    assert seen == [("after", False), ("inside", True), ("before", False)]
-    assert not torch.are_deterministic_algorithms_enabled()
+            @staticmethod
+            def backward(ctx, grad):
+                seen.append((ctx.tag, torch.are_deterministic_algorithms_enabled()))
+                return grad, None
+
+        part = torch.nn.Linear(64, 64).cuda()
+        region = detctx.deterministic_region(lambda t: Record.apply(part(t), "inside"))
+        x = torch.randn(32, 64, device="cuda", requires_grad=True)
+        Record.apply(region(Record.apply(x, "before")), "after").sum().backward()
+        assert seen == [("after", False), ("inside", True), ("before", False)], seen
+        assert not torch.are_deterministic_algorithms_enabled()
+        print("ok")
+        """
+    )
+    assert out.strip() == "ok"
 
 
 def test_doctor_probe_on_cuda_finds_every_op_identical_or_refused_with_determinism_on() -> None:
