@@ -68,6 +68,7 @@ def __getattr__(name: str) -> Any:
     globals()[name] = value
     return value
 
+
 # Earlier names, kept working: ``Run`` is now ``Seeding`` (what an entry applied;
 # "run" is kept for runs of a program), and the RNG-only snapshot that
 # ``capture()`` returns is a ``Snapshot`` like every other.

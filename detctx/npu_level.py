@@ -87,8 +87,9 @@ class NpuLevelSwitch:
     turns ``torch.use_deterministic_algorithms`` on (restored on exit by the
     ``algorithms`` switch, even with ``algorithms=False``). Restored: the
     saved level (0 and 1, which torch_npu keeps equal to torch's flag, through
-    the ``algorithms`` switch; so ``None`` never calls torch_npu). Best-effort: without an NPU it does nothing (the log line says
-    so); with a torch_npu that predates the API, level 1 is
+    the ``algorithms`` switch; so ``None`` never calls torch_npu). Best-effort:
+    without an NPU it does nothing (the log line says so); with a torch_npu
+    that predates the API, level 1 is
     ``torch.use_deterministic_algorithms(True)`` and 2 or 3 warn
     (:class:`~detctx.DeterminismWarning`) and fall back to it::
 

@@ -68,7 +68,7 @@ class Settings:
         return resolve_seed(self.seed)
 
     def changed(self) -> dict[str, object]:
-        """The switches not left at their default (on), for a ``repr``."""
+        """The switches not left at their default (on, or the switch's own), for a ``repr``."""
         return {
             name: value
             for name, value in self.switches.items()

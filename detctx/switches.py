@@ -334,13 +334,17 @@ def switch_names() -> list[str]:
 def default_setting(name: str) -> object:
     """The setting of switch ``name`` when none is given: ``True`` (on), unless the
     switch declares its own ``default`` (``npu_level``'s is ``None``)."""
-    return getattr(_BY_NAME[name], "default", True)
+    return _default_of(_BY_NAME[name])
+
+
+def _default_of(switch: Switch) -> object:
+    return getattr(switch, "default", True)
 
 
 def validate_switches(
     given: Mapping[str, object], *, caller: str, only: Mapping[str, Switch] | None = None
 ) -> dict[str, object]:
-    """Every switch's setting: ``given``, checked, with the rest on (``True``).
+    """Every switch's setting: ``given``, checked, with the rest at their default (on).
 
     ``only`` limits the accepted switches (``prepare_environment`` takes the
     environment ones). Raises ``TypeError`` naming ``caller`` for an unknown
@@ -356,7 +360,7 @@ def validate_switches(
         )
     settings: dict[str, object] = {}
     for name, switch in accepted.items():
-        setting = given.get(name, getattr(switch, "default", True))
+        setting = given.get(name, _default_of(switch))
         switch.validate(setting)
         settings[name] = setting
     return settings
