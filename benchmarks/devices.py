@@ -55,7 +55,12 @@ def child(devices: int, initialised: bool, quick: bool) -> dict[str, Any]:
         # wakes, so blocks do not change the flag (and warn) on every entry.
         torch.use_deterministic_algorithms(True)
         npu.init()
+    return measure_devices(npu, devices, initialised, quick)
 
+
+def measure_devices(module: Any, count: int, initialised: bool, quick: bool) -> dict[str, Any]:
+    """A block, its floor and the snapshot calls with ``count`` devices of the device
+    module ``module`` (woken or not, as ``initialised`` says); fails if one was woken."""
     import detctx
     from benchmarks import baselines
     from benchmarks.harness import measure, preserved_process_state, repeated
@@ -70,14 +75,14 @@ def child(devices: int, initialised: bool, quick: bool) -> dict[str, Any]:
         if not initialised:
             baselines.floor_block()
             return
-        states = [npu.get_rng_state(i) for i in range(devices)]
+        states = [module.get_rng_state(i) for i in range(count)]
 
         def seed_devices() -> None:
-            npu.manual_seed_all(baselines.SEED)
+            module.manual_seed_all(baselines.SEED)
 
         baselines.floor_block(seed_devices)
         for index, state in enumerate(states):
-            npu.set_rng_state(state, index)
+            module.set_rng_state(state, index)
 
     with preserved_process_state():
         state = detctx.capture()
@@ -91,23 +96,23 @@ def child(devices: int, initialised: bool, quick: bool) -> dict[str, Any]:
             },
             Settings.make(quick),
         )
-    if not initialised and npu.is_initialized():
-        raise RuntimeError("a block initialised an uninitialised simulated device")
+    if not initialised and module.is_initialized():
+        raise RuntimeError("a block initialised a device the program had not used")
     return {name: vars(value) for name, value in stats.items()}
 
 
 def _run_child(devices: int, initialised: bool, quick: bool) -> dict[str, Stats]:
-    env = dict(os.environ)
+    data = run_child("benchmarks.devices", [devices, int(initialised), int(quick)])
+    return {name: Stats(**fields) for name, fields in data.items()}
+
+
+def run_child(module: str, args: list[int], *, unset: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Run ``python -m module args`` from the repository root, without the variables
+    ``unset``, and return the JSON object on the last line of its output."""
+    env = {name: value for name, value in os.environ.items() if name not in unset}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.devices",
-            str(devices),
-            str(int(initialised)),
-            str(int(quick)),
-        ],
+        [sys.executable, "-m", module, *(str(arg) for arg in args)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -115,9 +120,9 @@ def _run_child(devices: int, initialised: bool, quick: bool) -> dict[str, Stats]
         cwd=ROOT,
     )
     if done.returncode != 0:
-        raise RuntimeError(f"device benchmark child failed:\n{done.stderr[-2000:]}")
-    data = json.loads(done.stdout.strip().splitlines()[-1])
-    return {name: Stats(**fields) for name, fields in data.items()}
+        raise RuntimeError(f"benchmark child {module} failed:\n{done.stderr[-2000:]}")
+    data: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return data
 
 
 def _scaled(stats: Stats, factor: float) -> Stats:

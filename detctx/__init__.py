@@ -7,6 +7,9 @@ layers are described in ``docs/architecture.md``.
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from detctx.accelerators import register_accelerator
 from detctx.context import deterministic, open_blocks, seed_all
 from detctx.data import loader_generator, seed_worker
@@ -21,6 +24,7 @@ from detctx.distributed import (
 from detctx.errors import (
     CheckpointError,
     DetctxError,
+    DeterminismUnavailableError,
     DeterminismWarning,
     MetricsError,
     MissingDependencyError,
@@ -39,6 +43,32 @@ from detctx.verify import check_gradients, check_reproducible
 
 __version__ = "0.1.0"
 
+if TYPE_CHECKING:
+    from detctx.probe import ProbeOp, ProbeReport, ProbeRow, run_probe
+    from detctx.region import DeterministicRegion, deterministic_region
+
+# Imported on first use: the region's autograd functions and the probe's catalogue
+# cost `import detctx` several ms that most programs never use
+# (python -X importtime -c "import torch; import detctx" | grep -E "probe|region").
+_ON_FIRST_USE = {
+    "DeterministicRegion": "detctx.region",
+    "deterministic_region": "detctx.region",
+    "ProbeOp": "detctx.probe",
+    "ProbeReport": "detctx.probe",
+    "ProbeRow": "detctx.probe",
+    "run_probe": "detctx.probe",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _ON_FIRST_USE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'detctx' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
 # Earlier names, kept working: ``Run`` is now ``Seeding`` (what an entry applied;
 # "run" is kept for runs of a program), and the RNG-only snapshot that
 # ``capture()`` returns is a ``Snapshot`` like every other.
@@ -51,7 +81,9 @@ __all__ = [
     "SEED_ENV",
     "CheckpointError",
     "DetctxError",
+    "DeterminismUnavailableError",
     "DeterminismWarning",
+    "DeterministicRegion",
     "DistributedRun",
     "DistributedSeeding",
     "EnvSwitchOptions",
@@ -60,6 +92,9 @@ __all__ = [
     "NotReproducibleError",
     "OutOfOrderExitError",
     "PlainStateSource",
+    "ProbeOp",
+    "ProbeReport",
+    "ProbeRow",
     "RNGSource",
     "RNGState",
     "RankDivergenceError",
@@ -76,6 +111,7 @@ __all__ = [
     "collective_device",
     "derive_seed",
     "deterministic",
+    "deterministic_region",
     "distributed_deterministic",
     "fingerprint",
     "group_seed",
@@ -85,6 +121,7 @@ __all__ = [
     "register_accelerator",
     "register_source",
     "restore",
+    "run_probe",
     "seed_all",
     "seed_worker",
     "unregister_source",

@@ -122,3 +122,9 @@ class RankDivergenceError(DetctxError, RuntimeError):
     def __init__(self, message: str, divergent: dict[int, tuple[str, ...]]) -> None:
         super().__init__(message)
         self.divergent = divergent
+
+
+class DeterminismUnavailableError(DetctxError, RuntimeError):
+    """The device refused a determinism setting a block asked for (``npu_level=3`` on a
+    chip or runtime without batch consistency, say); the block was not entered and
+    nothing was left changed. The message names a setting that works."""

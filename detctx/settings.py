@@ -17,7 +17,7 @@ from typing import Any
 from detctx.seeds import resolve_seed, validate_seed
 from detctx.snapshot import Snapshot
 from detctx.sources import RNGSource
-from detctx.switches import SWITCHES, Switch, validate_switches
+from detctx.switches import SWITCHES, Switch, default_setting, validate_switches
 
 __all__ = ["Seeding", "Settings"]
 
@@ -68,8 +68,12 @@ class Settings:
         return resolve_seed(self.seed)
 
     def changed(self) -> dict[str, object]:
-        """The switches not left at their default (on), for a ``repr``."""
-        return {name: value for name, value in self.switches.items() if value is not True}
+        """The switches not left at their default (on, or the switch's own), for a ``repr``."""
+        return {
+            name: value
+            for name, value in self.switches.items()
+            if value is not default_setting(name)
+        }
 
     def apply(
         self, sources: list[tuple[str, RNGSource]], seed: int, current: Snapshot | None = None

@@ -23,6 +23,7 @@ from typing_extensions import TypedDict
 from detctx.accelerators import active_accelerators
 from detctx.environment import getenv
 from detctx.errors import DeterminismWarning
+from detctx.npu_level import NpuLevelSwitch
 
 __all__ = [
     "SWITCHES",
@@ -30,8 +31,10 @@ __all__ = [
     "CudnnSwitch",
     "EnvSwitch",
     "EnvSwitchOptions",
+    "NpuLevelSwitch",
     "Switch",
     "SwitchOptions",
+    "default_setting",
     "env_switches",
     "switch_names",
     "validate_switches",
@@ -66,6 +69,9 @@ class SwitchOptions(EnvSwitchOptions, total=False):
     """``torch.use_deterministic_algorithms(True)``; ``"warn"`` for ``warn_only=True``."""
     cudnn: bool
     """``torch.backends.cudnn.deterministic = True`` and ``benchmark = False``."""
+    npu_level: Literal[1, 2, 3] | None
+    """torch_npu's ``set_deterministic_level``: 1, 2 (strong consistency) or 3 (batch
+    consistency); ``None`` (the default) follows ``algorithms``."""
 
 
 class Switch(Protocol):
@@ -274,6 +280,8 @@ def _npu_initialized() -> bool:
 
 SWITCHES: Final[tuple[Switch, ...]] = (
     AlgorithmsSwitch(),
+    # After algorithms (restored before it): torch_npu's level drags torch's flag along.
+    NpuLevelSwitch(),
     CudnnSwitch(),
     EnvSwitch("hash_seed", "PYTHONHASHSEED", {True: str}),
     EnvSwitch(
@@ -306,10 +314,20 @@ def switch_names() -> list[str]:
     return [switch.name for switch in SWITCHES]
 
 
+def default_setting(name: str) -> object:
+    """The setting of switch ``name`` when none is given: ``True`` (on), unless the
+    switch declares its own ``default`` (``npu_level``'s is ``None``)."""
+    return _default_of(_BY_NAME[name])
+
+
+def _default_of(switch: Switch) -> object:
+    return getattr(switch, "default", True)
+
+
 def validate_switches(
     given: Mapping[str, object], *, caller: str, only: Mapping[str, Switch] | None = None
 ) -> dict[str, object]:
-    """Every switch's setting: ``given``, checked, with the rest on (``True``).
+    """Every switch's setting: ``given``, checked, with the rest at their default (on).
 
     ``only`` limits the accepted switches (``prepare_environment`` takes the
     environment ones). Raises ``TypeError`` naming ``caller`` for an unknown
@@ -325,7 +343,7 @@ def validate_switches(
         )
     settings: dict[str, object] = {}
     for name, switch in accepted.items():
-        setting = given.get(name, True)
+        setting = given.get(name, _default_of(switch))
         switch.validate(setting)
         settings[name] = setting
     return settings

@@ -8,6 +8,10 @@ functions and its lazy-initialisation behaviour: before the device is
 initialised, ``manual_seed*`` and ``set_rng_state`` are appended to
 ``_queued_calls`` (with a formatted stack trace each) and run at
 initialisation; ``get_rng_state`` and ``initial_seed`` initialise the device.
+``install(levels=True)`` adds torch_npu's determinism levels
+(``set_deterministic_level`` / ``_get_deterministic_level``, one level per
+process, kept in step with ``torch.use_deterministic_algorithms`` and warning
+as torch_npu does); without it the module is an older torch_npu that lacks them.
 
 The registration can happen once per process, so tests that use it run it in
 a subprocess (see ``run_python`` in ``conftest.py``). Never use
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import sys
 import traceback
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -36,15 +41,24 @@ init_count = 0  # how many times the device was initialised (tests assert on it)
 _lazy_seed_tracker: Any = None
 
 
-def install(device_count: int = 2, *, seed_tracker: bool = False) -> None:
+def install(
+    device_count: int = 2, *, seed_tracker: bool = False, levels: bool = False, max_level: int = 3
+) -> None:
     """Register this module as ``torch.npu``, with ``device_count`` devices.
 
     ``seed_tracker=True`` queues ``manual_seed*`` the way torch.cuda and
     torch.xpu do (a tracker keeping only the latest seed, run after the other
-    queued calls) instead of torch_npu's plain list.
+    queued calls) instead of torch_npu's plain list. ``levels=True`` adds
+    ``set_deterministic_level`` / ``_get_deterministic_level``; a level above
+    ``max_level`` raises, as torch_npu does where the runtime lacks it.
     """
-    global _device_count, _lazy_seed_tracker
+    global _device_count, _lazy_seed_tracker, _max_level
     _device_count = device_count
+    _max_level = max_level
+    if levels:
+        module = sys.modules[__name__]
+        module.set_deterministic_level = _set_deterministic_level  # type: ignore[attr-defined]
+        module._get_deterministic_level = _get_deterministic_level  # type: ignore[attr-defined]
     if seed_tracker:
         from torch._utils import _LazySeedTracker
 
@@ -158,3 +172,48 @@ def rand(n: int, device: int = 0) -> torch.Tensor:
     """Draw ``n`` uniforms on simulated device ``device`` (initialising it)."""
     _lazy_init()
     return torch.rand(n, generator=default_generators[device])
+
+
+_level = 0  # torch_npu keeps the level per process, in C++
+_max_level = 3
+level_calls = 0  # how many times the level was set (tests assert on it)
+
+
+def _set_deterministic_level(level: int) -> None:
+    global _level, level_calls
+    if not 0 <= level <= _max_level:
+        raise RuntimeError(f"deterministic level {level} is not supported by this runtime")
+    enabled = torch.are_deterministic_algorithms_enabled()
+    if level == 0 and enabled:
+        warnings.warn(
+            "The current configuration value of 'torch_npu.npu.set_deterministic_level' "
+            "conflicts with 'torch.use_deterministic_algorithms'. "
+            "'torch.use_deterministic_algorithms' has been configured to 'False'.",
+            stacklevel=2,
+        )
+        torch.use_deterministic_algorithms(False)
+    elif level >= 1 and not enabled:
+        warnings.warn(
+            "The current configuration value of 'torch_npu.npu.set_deterministic_level' "
+            "conflicts with 'torch.use_deterministic_algorithms'. "
+            "'torch.use_deterministic_algorithms' has been configured to 'True'.",
+            stacklevel=2,
+        )
+        torch.use_deterministic_algorithms(True)
+    _level = level
+    level_calls += 1
+    warnings.warn(
+        "After using 'torch_npu.npu.set_deterministic_level', please do not use "
+        "'torch.use_deterministic_algorithms' anymore, as it may cause unknown errors.",
+        stacklevel=2,
+    )
+
+
+def _get_deterministic_level() -> int:
+    global _level
+    enabled = torch.are_deterministic_algorithms_enabled()
+    if _level == 0 and enabled:
+        _level = 1
+    elif _level >= 1 and not enabled:
+        _level = 0
+    return _level

@@ -108,6 +108,7 @@ def test_the_switch_options_are_declared_once_and_match_the_switches() -> None:
         *get_type_hints(EnvSwitchOptions),
         "algorithms",
         "cudnn",
+        "npu_level",
     ]
     assert set(get_type_hints(SwitchOptions)) == {switch.name for switch in SWITCHES}
     env_names = {switch.name for switch in SWITCHES if isinstance(switch, EnvSwitch)}

@@ -62,6 +62,14 @@ def _parser() -> argparse.ArgumentParser:
         "doctor", help="versions, devices, determinism flags and variables, warnings"
     )
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
+    doctor.add_argument(
+        "--probe",
+        action="store_true",
+        help="run ops known to be nondeterministic on some device, with determinism off and on",
+    )
+    doctor.add_argument(
+        "--device", metavar="TYPE", action="append", help="with --probe: only this device type"
+    )
 
     curve_options = _Parser(add_help=False)
     curve_options.add_argument(
@@ -136,6 +144,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
+    if args.probe:
+        from detctx.cli import probe
+
+        return probe.main(args.device, args.json)
+    if args.device:
+        raise ValueError("--device chooses the devices of --probe: add --probe")
     from detctx.cli.doctor import diagnose
 
     diagnosis = diagnose(read_device_names=True)

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from detctx.accelerators import active_accelerators
+from detctx.npu_level import describe_npu_level
 from detctx.seeds import MAX_SEED, SEED_ENV, parse_seed
 from detctx.switches import env_switches
 
@@ -210,6 +211,9 @@ def _flags() -> dict[str, Any]:
         flags["torch.utils.deterministic.fill_uninitialized_memory"] = bool(
             utils_det.fill_uninitialized_memory  # type: ignore[union-attr]
         )
+    level = describe_npu_level()
+    if level is not None:
+        flags["torch_npu.npu._get_deterministic_level"] = level
     npu = getattr(torch, "npu", None)
     for part in ("matmul", "conv"):
         holder = getattr(npu, part, None)

@@ -1,0 +1,145 @@
+"""``detctx doctor --probe`` and ``run_probe``: which ops give different bits from run to run."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import detctx
+from detctx.cli import main
+from detctx.probe import CATALOGUE, ProbeOp, run_probe
+
+
+def summing_in_a_random_order(device: torch.device, large: bool) -> object:
+    """Like an atomic-add kernel: the same numbers, added in an order that changes per run."""
+    generator = torch.Generator().manual_seed(0)
+    # Magnitudes spread over many orders, so that rounding depends on the order.
+    values = torch.randn(4096, generator=generator) * torch.exp(
+        4 * torch.randn(4096, generator=generator)
+    )
+    into_one = torch.zeros(values.numel(), dtype=torch.long)
+    return lambda: torch.zeros(1).index_add_(0, into_one, values[torch.randperm(values.numel())])
+
+
+def refusing_when_deterministic(device: torch.device, large: bool) -> object:
+    def run() -> torch.Tensor:
+        if torch.are_deterministic_algorithms_enabled():
+            raise RuntimeError("my_kernel does not have a deterministic implementation")
+        return torch.ones(3)
+
+    return run
+
+
+def broken(device: torch.device, large: bool) -> object:
+    raise RuntimeError("not implemented for this device")
+
+
+def process_state() -> tuple[object, ...]:
+    return (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+        torch.default_generator.get_state().tolist(),
+        random.getstate(),
+        np.random.get_state()[1].tolist(),
+    )
+
+
+def test_on_cpu_every_op_of_the_catalogue_is_identical_both_ways_and_nothing_changes() -> None:
+    torch.manual_seed(11)
+    before = process_state()
+    report = run_probe(["cpu"], runs=3)
+    assert process_state() == before
+    assert [row.op for row in report.rows] == [op.name for op in CATALOGUE][:-1]  # no group
+    for row in report.rows:
+        assert (row.identical_off, row.identical_on, row.raises, row.error) == (
+            True,
+            True,
+            False,
+            None,
+        ), row
+        assert row.slowdown is not None and row.slowdown > 0
+    assert report.nondeterministic() == []
+
+
+def test_a_deliberately_nondeterministic_op_added_to_the_catalogue_is_reported() -> None:
+    flaky = ProbeOp("random-order sum", summing_in_a_random_order)
+    report = run_probe(["cpu"], ops=[*CATALOGUE[:2], flaky], runs=4)
+    [row] = report.nondeterministic()
+    assert row.op == "random-order sum" and row.device == "cpu"
+    assert (row.identical_off, row.identical_on, row.raises) == (False, False, False)
+
+
+def test_an_op_that_raises_under_determinism_and_one_that_fails_are_told_apart() -> None:
+    report = run_probe(
+        ["cpu"],
+        ops=[ProbeOp("refuses", refusing_when_deterministic), ProbeOp("broken", broken)],
+        runs=2,
+    )
+    refuses, failed = report.rows
+    assert refuses.raises and refuses.identical_off and refuses.identical_on is None
+    assert refuses.detail is not None and "deterministic implementation" in refuses.detail
+    assert failed.error == "RuntimeError: not implemented for this device"
+    assert not failed.raises and failed.identical_off is None
+    assert not torch.are_deterministic_algorithms_enabled()
+
+
+def test_bad_probe_arguments_fail_before_anything_runs() -> None:
+    with pytest.raises(ValueError, match="at least 2"):
+        run_probe(["cpu"], runs=1)
+    with pytest.raises(ValueError, match="cannot probe device type 'tpu' here; available: cpu"):
+        run_probe(["tpu"])
+    with pytest.raises(TypeError, match="ProbeOp"):
+        run_probe(["cpu"], ops=[summing_in_a_random_order])  # type: ignore[list-item]
+
+
+def test_doctor_probe_prints_a_row_per_op_and_says_nothing_differs_on_cpu(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["doctor", "--probe", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "identical off  identical on  raises when on  slowdown on" in out
+    assert "0 op(s) gave different bits from run to run, 0 raise" in out
+    for op in CATALOGUE[:-1]:
+        line = next(line for line in out.splitlines() if line.startswith(op.name + " "))
+        assert line.split()[-4:-1] == ["yes", "yes", "no"], line
+
+
+def test_doctor_probe_json_is_the_report_as_data(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["doctor", "--probe", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["runs"] == 5 and {row["device"] for row in data["rows"]} == {"cpu"}
+    assert all(row["identical_off"] and row["identical_on"] for row in data["rows"])
+
+
+def test_doctor_device_without_probe_or_an_absent_device_is_bad_usage(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["doctor", "--device", "cpu"]) == 2
+    assert "add --probe" in capsys.readouterr().err
+    assert main(["doctor", "--probe", "--device", "cuda"]) == 2 or torch.cuda.is_available()
+    assert detctx.run_probe is run_probe
+
+
+def test_in_a_process_group_the_probe_adds_an_all_reduce(tmp_path: Path) -> None:
+    dist = torch.distributed
+    if not dist.is_available() or dist.is_initialized():
+        pytest.skip("needs torch.distributed and no process group yet")
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        report = run_probe(["cpu"], ops=[op for op in CATALOGUE if op.name == "all_reduce"])
+    finally:
+        dist.destroy_process_group()
+    [row] = report.rows
+    assert (row.op, row.identical_off, row.identical_on, row.error) == (
+        "all_reduce",
+        True,
+        True,
+        None,
+    )
