@@ -12,6 +12,7 @@ block is configured, so a bad option fails before anything is changed.
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -97,7 +98,13 @@ class AlgorithmsSwitch:
     """``torch.use_deterministic_algorithms`` (and ``fill_uninitialized_memory``).
 
     ``True`` raises on ops without a deterministic implementation, ``"warn"``
-    only warns (``warn_only=True``), ``False`` leaves the flags alone.
+    only warns (``warn_only=True``), ``False`` leaves the flags alone. Like
+    torch's own call it also makes ``torch._inductor.config.deterministic``
+    follow the block, without importing inductor: it is set directly when
+    inductor is already imported, and ``TORCHINDUCTOR_DETERMINISTIC=1`` (which
+    inductor reads when it is imported) is set for the block, so
+    ``torch.compile`` inside the block compiles deterministically and after
+    the block sees the caller's value again.
 
     On Ascend NPUs the deterministic state is taken once per thread, by the
     first setting that is followed by an op launch; after that, turning it on
@@ -109,6 +116,13 @@ class AlgorithmsSwitch:
     def __init__(self) -> None:
         utils_det = getattr(torch.utils, "deterministic", None)
         self._fill = utils_det if hasattr(utils_det, "fill_uninitialized_memory") else None
+        # torch.use_deterministic_algorithms imports torch._inductor.config on every call
+        # (about 1 s the first time in a process, torch 2.13:
+        #   python -X importtime -c "import torch; torch.use_deterministic_algorithms(True)"
+        # ); the C setter it ends with is all the flags need. Older torch may lack it.
+        self._set_flags: Callable[..., None] = getattr(
+            torch._C, "_set_deterministic_algorithms", torch.use_deterministic_algorithms
+        )
 
     def validate(self, setting: object) -> None:
         if isinstance(setting, str):
@@ -119,10 +133,13 @@ class AlgorithmsSwitch:
 
     def capture(self) -> Any:
         fill = self._fill.fill_uninitialized_memory if self._fill is not None else None
+        inductor: Any = sys.modules.get(_INDUCTOR_CONFIG)
         return (
             torch.are_deterministic_algorithms_enabled(),
             torch.is_deterministic_algorithms_warn_only_enabled(),
             fill,
+            _getenv(_INDUCTOR_VARIABLE),
+            None if inductor is None else inductor.deterministic,
         )
 
     def apply(self, setting: Any, seed: int, current: Any) -> str | None:
@@ -139,19 +156,34 @@ class AlgorithmsSwitch:
                 DeterminismWarning,
                 stacklevel=5,
             )
-        torch.use_deterministic_algorithms(True, warn_only=warn_only)
+        if current[3] != "1":
+            os.environ[_INDUCTOR_VARIABLE] = "1"
+        inductor: Any = sys.modules.get(_INDUCTOR_CONFIG)
+        if inductor is not None and inductor.deterministic is not True:
+            inductor.deterministic = True
+        self._set_flags(True, warn_only=warn_only)
         return "algorithms=warn" if warn_only else "algorithms=on"
 
     def restore(self, saved: Any) -> None:
-        enabled, warn_only, fill = saved
-        # The first call in a process imports torch._inductor (seconds on torch 2.13):
-        # skip it when nothing changed, e.g. with algorithms=False.
+        enabled, warn_only, fill, variable, deterministic = saved
         now = (
             torch.are_deterministic_algorithms_enabled(),
             torch.is_deterministic_algorithms_warn_only_enabled(),
         )
         if now != (enabled, warn_only):
-            torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+            self._set_flags(enabled, warn_only=warn_only)
+        if _getenv(_INDUCTOR_VARIABLE) != variable:
+            if variable is None:
+                os.environ.pop(_INDUCTOR_VARIABLE, None)
+            else:
+                os.environ[_INDUCTOR_VARIABLE] = variable
+        inductor: Any = sys.modules.get(_INDUCTOR_CONFIG)
+        if inductor is not None:
+            # Imported since the capture: give it the value that import would have read then.
+            if deterministic is None:
+                deterministic = variable == "1"
+            if inductor.deterministic != deterministic:
+                inductor.deterministic = deterministic
         # Written through torch's config module: slow, so only when it changed.
         if (
             self._fill is not None
@@ -159,6 +191,12 @@ class AlgorithmsSwitch:
             and self._fill.fill_uninitialized_memory != fill
         ):
             self._fill.fill_uninitialized_memory = fill
+
+
+_INDUCTOR_CONFIG: Final = "torch._inductor.config"
+# Inductor's `deterministic` default, read once, when torch._inductor.config is imported
+# (exactly "1" is on).
+_INDUCTOR_VARIABLE: Final = "TORCHINDUCTOR_DETERMINISTIC"
 
 
 class CudnnSwitch:
