@@ -12,7 +12,6 @@ block is configured, so a bad option fails before anything is changed.
 from __future__ import annotations
 
 import os
-import sys
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from typing import Any, Final, Literal, Protocol
 import torch
 from typing_extensions import TypedDict
 
+from detctx import inductor
 from detctx.accelerators import active_accelerators
 from detctx.errors import DeterminismWarning
 
@@ -100,11 +100,9 @@ class AlgorithmsSwitch:
     ``True`` raises on ops without a deterministic implementation, ``"warn"``
     only warns (``warn_only=True``), ``False`` leaves the flags alone. Like
     torch's own call it also makes ``torch._inductor.config.deterministic``
-    follow the block, without importing inductor: it is set directly when
-    inductor is already imported, and ``TORCHINDUCTOR_DETERMINISTIC=1`` (which
-    inductor reads when it is imported) is set for the block, so
-    ``torch.compile`` inside the block compiles deterministically and after
-    the block sees the caller's value again.
+    follow the block, without importing inductor (see :mod:`detctx.inductor`):
+    ``torch.compile`` inside the block compiles deterministically, and after
+    the block inductor has the caller's value again.
 
     On Ascend NPUs the deterministic state is taken once per thread, by the
     first setting that is followed by an op launch; after that, turning it on
@@ -116,10 +114,8 @@ class AlgorithmsSwitch:
     def __init__(self) -> None:
         utils_det = getattr(torch.utils, "deterministic", None)
         self._fill = utils_det if hasattr(utils_det, "fill_uninitialized_memory") else None
-        # torch.use_deterministic_algorithms imports torch._inductor.config on every call
-        # (about 1 s the first time in a process, torch 2.13:
-        #   python -X importtime -c "import torch; torch.use_deterministic_algorithms(True)"
-        # ); the C setter it ends with is all the flags need. Older torch may lack it.
+        # torch.use_deterministic_algorithms imports torch._inductor (see detctx.inductor);
+        # the C setter it ends with is all the flags need. Older torch may lack it.
         self._set_flags: Callable[..., None] = getattr(
             torch._C, "_set_deterministic_algorithms", torch.use_deterministic_algorithms
         )
@@ -133,13 +129,11 @@ class AlgorithmsSwitch:
 
     def capture(self) -> Any:
         fill = self._fill.fill_uninitialized_memory if self._fill is not None else None
-        inductor: Any = sys.modules.get(_INDUCTOR_CONFIG)
         return (
             torch.are_deterministic_algorithms_enabled(),
             torch.is_deterministic_algorithms_warn_only_enabled(),
             fill,
-            _getenv(_INDUCTOR_VARIABLE),
-            None if inductor is None else inductor.deterministic,
+            inductor.capture(),
         )
 
     def apply(self, setting: Any, seed: int, current: Any) -> str | None:
@@ -156,34 +150,19 @@ class AlgorithmsSwitch:
                 DeterminismWarning,
                 stacklevel=5,
             )
-        if current[3] != "1":
-            os.environ[_INDUCTOR_VARIABLE] = "1"
-        inductor: Any = sys.modules.get(_INDUCTOR_CONFIG)
-        if inductor is not None and inductor.deterministic is not True:
-            inductor.deterministic = True
+        inductor.switch_on(current[3])
         self._set_flags(True, warn_only=warn_only)
         return "algorithms=warn" if warn_only else "algorithms=on"
 
     def restore(self, saved: Any) -> None:
-        enabled, warn_only, fill, variable, deterministic = saved
+        enabled, warn_only, fill, compiled = saved
         now = (
             torch.are_deterministic_algorithms_enabled(),
             torch.is_deterministic_algorithms_warn_only_enabled(),
         )
         if now != (enabled, warn_only):
             self._set_flags(enabled, warn_only=warn_only)
-        if _getenv(_INDUCTOR_VARIABLE) != variable:
-            if variable is None:
-                os.environ.pop(_INDUCTOR_VARIABLE, None)
-            else:
-                os.environ[_INDUCTOR_VARIABLE] = variable
-        inductor: Any = sys.modules.get(_INDUCTOR_CONFIG)
-        if inductor is not None:
-            # Imported since the capture: give it the value that import would have read then.
-            if deterministic is None:
-                deterministic = variable == "1"
-            if inductor.deterministic != deterministic:
-                inductor.deterministic = deterministic
+        inductor.restore(compiled)
         # Written through torch's config module: slow, so only when it changed.
         if (
             self._fill is not None
@@ -191,12 +170,6 @@ class AlgorithmsSwitch:
             and self._fill.fill_uninitialized_memory != fill
         ):
             self._fill.fill_uninitialized_memory = fill
-
-
-_INDUCTOR_CONFIG: Final = "torch._inductor.config"
-# Inductor's `deterministic` default, read once, when torch._inductor.config is imported
-# (exactly "1" is on).
-_INDUCTOR_VARIABLE: Final = "TORCHINDUCTOR_DETERMINISTIC"
 
 
 class CudnnSwitch:
@@ -282,10 +255,15 @@ class EnvSwitch:
         return f"{self.variable}={wanted}"
 
     def restore(self, saved: Any) -> None:
-        if saved is None:
-            os.environ.pop(self.variable, None)
-        else:
+        if saved is not None:
             os.environ[self.variable] = saved
+            return
+        # Not os.environ.pop: it reads the value before deleting it (twice the work, and a
+        # decorated generator's world swap restores every variable twice a step).
+        try:
+            del os.environ[self.variable]
+        except KeyError:
+            pass
 
 
 # os.environ.get re-encodes the name on every call; a swap of a decorated generator

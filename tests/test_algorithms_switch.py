@@ -92,7 +92,6 @@ def test_seed_all_leaves_inductor_deterministic_like_torchs_own_call() -> None:
     try:
         detctx.seed_all(5)
         assert inductor_config.deterministic is True
-        assert os.environ[VARIABLE] == "1"
         assert torch.are_deterministic_algorithms_enabled()
     finally:
         os.environ.pop(VARIABLE, None)
@@ -128,7 +127,6 @@ def test_every_algorithms_state_is_put_back_exactly_after_a_block(
                 assert torch.are_deterministic_algorithms_enabled()
                 assert torch.is_deterministic_algorithms_warn_only_enabled() == (setting == "warn")
                 assert inductor_config.deterministic is True
-                assert os.environ[VARIABLE] == "1"
             if change_inside:
                 torch.use_deterministic_algorithms(not enabled)
                 os.environ[VARIABLE] = "changed"
