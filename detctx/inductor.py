@@ -13,9 +13,10 @@ it is imported, so an import inside a block sees the block's value.
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any, Final
+
+from detctx.environ import getenv, setenv
 
 __all__ = ["VARIABLE", "capture", "restore", "switch_on"]
 
@@ -28,7 +29,7 @@ _CONFIG: Final = "torch._inductor.config"
 def capture() -> tuple[str | None, bool | None]:
     """The variable's value, and inductor's setting (``None`` while it is not imported)."""
     config: Any = sys.modules.get(_CONFIG)
-    return os.environ.get(VARIABLE), None if config is None else bool(config.deterministic)
+    return getenv(VARIABLE), None if config is None else bool(config.deterministic)
 
 
 def switch_on(current: tuple[str | None, bool | None]) -> None:
@@ -39,7 +40,7 @@ def switch_on(current: tuple[str | None, bool | None]) -> None:
     config: Any = sys.modules.get(_CONFIG)
     if config is None:
         if current[0] != "1":
-            os.environ[VARIABLE] = "1"
+            setenv(VARIABLE, "1")
     elif current[1] is not True:
         config.deterministic = True
 
@@ -48,11 +49,8 @@ def restore(saved: tuple[str | None, bool | None]) -> None:
     """Put back what :func:`capture` saw. Inductor imported since then gets the value
     that import would have read at the capture."""
     variable, deterministic = saved
-    if os.environ.get(VARIABLE) != variable:
-        if variable is None:
-            del os.environ[VARIABLE]
-        else:
-            os.environ[VARIABLE] = variable
+    if getenv(VARIABLE) != variable:
+        setenv(VARIABLE, variable)
     config: Any = sys.modules.get(_CONFIG)
     if config is not None:
         # Written without reading it first: a config read costs as much as a write (about

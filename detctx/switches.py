@@ -22,6 +22,8 @@ from typing_extensions import TypedDict
 
 from detctx import inductor
 from detctx.accelerators import active_accelerators
+from detctx.environ import getenv as _getenv
+from detctx.environ import setenv as _setenv
 from detctx.errors import DeterminismWarning
 
 __all__ = [
@@ -255,33 +257,7 @@ class EnvSwitch:
         return f"{self.variable}={wanted}"
 
     def restore(self, saved: Any) -> None:
-        if saved is not None:
-            os.environ[self.variable] = saved
-            return
-        # Not os.environ.pop: it reads the value before deleting it (twice the work, and a
-        # decorated generator's world swap restores every variable twice a step).
-        try:
-            del os.environ[self.variable]
-        except KeyError:
-            pass
-
-
-# os.environ.get re-encodes the name on every call; a swap of a decorated generator
-# reads every variable twice per step. Read the mapping behind os.environ directly
-# (the same data, already encoded) where this Python has it.
-_environ_data: Any = getattr(os.environ, "_data", None)
-_encoded: dict[str, Any] = {}
-
-
-def _getenv(name: str) -> str | None:
-    data = _environ_data
-    if data is None or not hasattr(os.environ, "encodekey"):
-        return os.environ.get(name)
-    key = _encoded.get(name)
-    if key is None:
-        key = _encoded[name] = os.environ.encodekey(name)
-    raw = data.get(key)
-    return None if raw is None else str(os.environ.decodevalue(raw))
+        _setenv(self.variable, saved)
 
 
 def _cuda_initialised() -> str | None:

@@ -137,3 +137,35 @@ def test_every_algorithms_state_is_put_back_exactly_after_a_block(
     finally:
         os.environ.pop(VARIABLE, None)
         inductor_config.deterministic = False
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    before=st.one_of(st.none(), st.text(st.characters(blacklist_characters="\x00"), max_size=8)),
+    inside=st.sampled_from([True, False]),
+)
+def test_a_variable_a_block_sets_is_seen_by_os_environ_and_by_children_then_put_back(
+    before: str | None, inside: bool
+) -> None:
+    name = "FLASH_ATTENTION_DETERMINISTIC"
+    if before is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = before
+    try:
+        with detctx.deterministic(seed=0, flash_attention=inside):
+            seen = os.environ.get(name)
+            assert os.getenv(name) == seen
+            assert (seen or "").strip() == "1" if inside else seen == before
+        assert os.environ.get(name) == before
+    finally:
+        os.environ.pop(name, None)
+
+
+def test_a_child_process_started_inside_a_block_inherits_its_variables() -> None:
+    with detctx.deterministic(seed=7):
+        out = run_python(
+            "import os; print(os.environ['PYTHONHASHSEED'], os.environ['HCCL_DETERMINISTIC'])"
+        )
+    assert out.split() == ["7", "true"]
+    assert "HCCL_DETERMINISTIC" not in os.environ
