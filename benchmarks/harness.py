@@ -28,6 +28,7 @@ DETERMINISM_ENV = (
     "HCCL_DETERMINISTIC",
     "CLOSE_MATMUL_K_SHIFT",
     "FLASH_ATTENTION_DETERMINISTIC",
+    "TORCHINDUCTOR_DETERMINISTIC",
 )
 
 
@@ -191,6 +192,8 @@ class Result:
 
 
 def format_seconds(seconds: float) -> str:
+    if seconds >= 1:
+        return f"{seconds:.3g} s"
     if seconds >= 1e-3:
         return f"{seconds * 1e3:.3g} ms"
     if seconds >= 1e-6:

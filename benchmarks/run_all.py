@@ -31,6 +31,8 @@ SCENARIOS = {
     "import": "benchmarks.s6_import",
     "devices": "benchmarks.devices",
     "numpy_floor": "benchmarks.numpy_floor",
+    "first_block": "benchmarks.s7_first_block",
+    "pytest_startup": "benchmarks.s8_pytest_startup",
 }
 
 
