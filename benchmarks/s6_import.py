@@ -7,16 +7,9 @@ and that first use (``detctx.deterministic``) together.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-from benchmarks.harness import Result, Row, Settings, Stats, Target
+from benchmarks.harness import Result, Row, Settings, Stats, Target, in_fresh_interpreter
 
 SCENARIO = "6 import"
-ROOT = Path(__file__).resolve().parent.parent
 
 _CHILD = """
 import json, time
@@ -30,23 +23,9 @@ print(json.dumps({"detctx": after_detctx - start, "loaded": loaded - start}))
 """
 
 
-def _one_import() -> dict[str, float]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    done = subprocess.run(
-        [sys.executable, "-c", _CHILD],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        check=True,
-    )
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
-
-
 def run(settings: Settings) -> Result:
     repeats = 3 if settings.quick else 10
-    samples = [_one_import() for _ in range(repeats)]
+    samples = [in_fresh_interpreter(_CHILD) for _ in range(repeats)]
     return Result(
         [
             Row(

@@ -10,16 +10,9 @@ does, about 1 s on torch 2.13; detctx must not).
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-from benchmarks.harness import Result, Row, Settings, Stats, Target
+from benchmarks.harness import Result, Row, Settings, Stats, Target, in_fresh_interpreter
 
 SCENARIO = "7 first block"
-ROOT = Path(__file__).resolve().parent.parent
 
 _CHILD = """
 import json, sys, time
@@ -40,23 +33,9 @@ print(json.dumps({
 """
 
 
-def _one_process() -> dict[str, float]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    done = subprocess.run(
-        [sys.executable, "-c", _CHILD],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-        check=True,
-    )
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
-
-
 def run(settings: Settings) -> Result:
     repeats = 3 if settings.quick else 10
-    runs = [_one_process() for _ in range(repeats)]
+    runs = [in_fresh_interpreter(_CHILD) for _ in range(repeats)]
     imported = sum(1 for one in runs if one["inductor"])
     note = f"{repeats} fresh interpreters; torch._inductor imported by the block in {imported}"
     return Result(
