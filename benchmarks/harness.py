@@ -9,13 +9,17 @@ rotating order), so slow drift of the machine hits them all alike.
 from __future__ import annotations
 
 import gc
+import json
 import os
 import random
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,6 +32,7 @@ DETERMINISM_ENV = (
     "HCCL_DETERMINISTIC",
     "CLOSE_MATMUL_K_SHIFT",
     "FLASH_ATTENTION_DETERMINISTIC",
+    "TORCHINDUCTOR_DETERMINISTIC",
 )
 
 
@@ -191,6 +196,8 @@ class Result:
 
 
 def format_seconds(seconds: float) -> str:
+    if seconds >= 1:
+        return f"{seconds:.3g} s"
     if seconds >= 1e-3:
         return f"{seconds * 1e3:.3g} ms"
     if seconds >= 1e-6:
@@ -235,3 +242,20 @@ def preserved_process_state() -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def in_fresh_interpreter(code: str) -> dict[str, Any]:
+    """Run ``code`` in a new Python process (this checkout importable first) and return
+    the JSON object its last line of output prints."""
+    root = str(Path(__file__).resolve().parent.parent)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        check=True,
+    )
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))

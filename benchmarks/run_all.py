@@ -32,6 +32,8 @@ SCENARIOS = {
     "devices": "benchmarks.devices",
     "numpy_floor": "benchmarks.numpy_floor",
     "cuda": "benchmarks.cuda",
+    "first_block": "benchmarks.s7_first_block",
+    "pytest_startup": "benchmarks.s8_pytest_startup",
 }
 
 

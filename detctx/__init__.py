@@ -3,6 +3,10 @@
 ``with detctx.deterministic(seed=1234):`` seeds every RNG, switches
 determinism on and, on exit, restores all of it exactly. The package's
 layers are described in ``docs/architecture.md``.
+
+Importing the package imports nothing else: each public name is loaded on
+first use (PEP 562), so ``import detctx`` (and the pytest plugin, in a test
+session that never uses it) does not import torch or NumPy.
 """
 
 from __future__ import annotations
@@ -10,71 +14,94 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from detctx.accelerators import register_accelerator
-from detctx.context import deterministic, open_blocks, seed_all
-from detctx.data import loader_generator, seed_worker
-from detctx.distributed import (
-    DistributedSeeding,
-    agree_seed,
-    collective_device,
-    distributed_deterministic,
-    prepare_environment,
-    verify_across_ranks,
-)
-from detctx.errors import (
-    CheckpointError,
-    DetctxError,
-    DeterminismUnavailableError,
-    DeterminismWarning,
-    MetricsError,
-    MissingDependencyError,
-    NotReproducibleError,
-    OutOfOrderExitError,
-    RankDivergenceError,
-    SeedMismatchError,
-)
-from detctx.seeds import DEFAULT_SEED, SEED_ENV, derive_seed, group_seed
-from detctx.settings import Seeding
-from detctx.snapshot import Snapshot, capture, fingerprint, restore
-from detctx.sources import RNGSource, register_source, unregister_source
-from detctx.state_dict import PlainStateSource
-from detctx.switches import EnvSwitchOptions, SwitchOptions
-from detctx.verify import check_gradients, check_reproducible
+if TYPE_CHECKING:
+    from detctx.accelerators import register_accelerator
+    from detctx.context import deterministic, open_blocks, seed_all
+    from detctx.data import loader_generator, seed_worker
+    from detctx.distributed import (
+        DistributedSeeding,
+        agree_seed,
+        collective_device,
+        distributed_deterministic,
+        prepare_environment,
+        verify_across_ranks,
+    )
+    from detctx.errors import (
+        CheckpointError,
+        DetctxError,
+        DeterminismUnavailableError,
+        DeterminismWarning,
+        MetricsError,
+        MissingDependencyError,
+        NotReproducibleError,
+        OutOfOrderExitError,
+        RankDivergenceError,
+        SeedMismatchError,
+    )
+    from detctx.probe import ProbeOp, ProbeReport, ProbeRow, run_probe
+    from detctx.region import DeterministicRegion, deterministic_region
+    from detctx.seeds import DEFAULT_SEED, SEED_ENV, derive_seed, group_seed
+    from detctx.settings import Seeding
+    from detctx.snapshot import Snapshot, capture, fingerprint, restore
+    from detctx.sources import RNGSource, register_source, unregister_source
+    from detctx.state_dict import PlainStateSource
+    from detctx.switches import EnvSwitchOptions, SwitchOptions
+    from detctx.verify import check_gradients, check_reproducible
+
+    # Earlier names, kept working (see _ALIASES).
+    Run = Seeding
+    DistributedRun = DistributedSeeding
+    RNGState = Snapshot
 
 __version__ = "0.1.0"
 
-if TYPE_CHECKING:
-    from detctx.probe import ProbeOp, ProbeReport, ProbeRow, run_probe
-    from detctx.region import DeterministicRegion, deterministic_region
-
-# Imported on first use: the region's autograd functions and the probe's catalogue
-# cost `import detctx` several ms that most programs never use
-# (python -X importtime -c "import torch; import detctx" | grep -E "probe|region").
-_ON_FIRST_USE = {
-    "DeterministicRegion": "detctx.region",
-    "deterministic_region": "detctx.region",
-    "ProbeOp": "detctx.probe",
-    "ProbeReport": "detctx.probe",
-    "ProbeRow": "detctx.probe",
-    "run_probe": "detctx.probe",
+# Where each public name lives; tests/test_lazy_imports.py keeps it in step with the
+# imports above.
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "detctx.accelerators": ("register_accelerator",),
+    "detctx.context": ("deterministic", "open_blocks", "seed_all"),
+    "detctx.data": ("loader_generator", "seed_worker"),
+    "detctx.distributed": (
+        "DistributedSeeding",
+        "agree_seed",
+        "collective_device",
+        "distributed_deterministic",
+        "prepare_environment",
+        "verify_across_ranks",
+    ),
+    "detctx.errors": (
+        "CheckpointError",
+        "DetctxError",
+        "DeterminismUnavailableError",
+        "DeterminismWarning",
+        "MetricsError",
+        "MissingDependencyError",
+        "NotReproducibleError",
+        "OutOfOrderExitError",
+        "RankDivergenceError",
+        "SeedMismatchError",
+    ),
+    "detctx.probe": ("ProbeOp", "ProbeReport", "ProbeRow", "run_probe"),
+    "detctx.region": ("DeterministicRegion", "deterministic_region"),
+    "detctx.seeds": ("DEFAULT_SEED", "SEED_ENV", "derive_seed", "group_seed"),
+    "detctx.settings": ("Seeding",),
+    "detctx.snapshot": ("Snapshot", "capture", "fingerprint", "restore"),
+    "detctx.sources": ("RNGSource", "register_source", "unregister_source"),
+    "detctx.state_dict": ("PlainStateSource",),
+    "detctx.switches": ("EnvSwitchOptions", "SwitchOptions"),
+    "detctx.verify": ("check_gradients", "check_reproducible"),
 }
-
-
-def __getattr__(name: str) -> Any:
-    module = _ON_FIRST_USE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'detctx' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
 
 # Earlier names, kept working: ``Run`` is now ``Seeding`` (what an entry applied;
 # "run" is kept for runs of a program), and the RNG-only snapshot that
 # ``capture()`` returns is a ``Snapshot`` like every other.
-Run = Seeding
-DistributedRun = DistributedSeeding
-RNGState = Snapshot
+_ALIASES: dict[str, str] = {
+    "Run": "Seeding",
+    "DistributedRun": "DistributedSeeding",
+    "RNGState": "Snapshot",
+}
+_HOME: dict[str, str] = {name: module for module, names in _EXPORTS.items() for name in names}
+
 
 __all__ = [
     "DEFAULT_SEED",
@@ -127,3 +154,26 @@ __all__ = [
     "unregister_source",
     "verify_across_ranks",
 ]
+
+
+if not TYPE_CHECKING:
+    # Hidden from type checkers, so that a misspelt name is still an error for them.
+
+    def __getattr__(name: str) -> Any:
+        """Import the public ``name`` (or the submodule ``detctx.name``) on first use."""
+        target = _ALIASES.get(name, name)
+        module = _HOME.get(target)
+        if module is not None:
+            value = getattr(importlib.import_module(module), target)
+        else:
+            try:
+                value = importlib.import_module(f"{__name__}.{name}")
+            except ModuleNotFoundError as exc:
+                if exc.name != f"{__name__}.{name}":
+                    raise
+                raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+        globals()[name] = value
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted({*globals(), *__all__})

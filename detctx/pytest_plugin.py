@@ -6,6 +6,11 @@ or when the session runs with ``--detctx-seed N``; the block is entered
 before the test's function-scoped fixtures are set up and exited after they
 are torn down (higher-scoped fixtures stay outside it, so session-wide setup
 is never rolled back by one test's exit).
+
+The plugin is loaded into every pytest run where detctx is installed, so it
+imports nothing of torch, NumPy or the library when it starts: the library is
+imported by the first test that uses the marker or a fixture, or at start-up
+when ``--detctx-seed`` is given. ``pytest -p no:detctx`` disables it.
 """
 
 from __future__ import annotations
@@ -13,14 +18,16 @@ from __future__ import annotations
 import argparse
 import hashlib
 from collections.abc import Generator, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from detctx.context import deterministic
+# Nothing of torch or NumPy: the seed parser and the derivation import NumPy only inside.
 from detctx.seeds import derive_seed, parse_seed
-from detctx.settings import Seeding
-from detctx.switches import switch_names
+
+if TYPE_CHECKING:
+    from detctx.context import deterministic
+    from detctx.settings import Seeding
 
 __all__ = ["node_seed"]
 
@@ -92,9 +99,11 @@ def _block_for(item: pytest.Item) -> deterministic | None:
     """
     session_seed = item.config.getoption("detctx_seed")
     marker = item.get_closest_marker(_MARKER)
+    if marker is None and session_seed is None:
+        return None
+    from detctx.context import deterministic
+
     if marker is None:
-        if session_seed is None:
-            return None
         return deterministic(node_seed(session_seed, item.nodeid))
     args, kwargs = marker.args, dict(marker.kwargs)
     if session_seed is not None and not args and "seed" not in kwargs:
@@ -102,6 +111,8 @@ def _block_for(item: pytest.Item) -> deterministic | None:
     try:
         return deterministic(*args, **kwargs)
     except (TypeError, ValueError) as exc:
+        from detctx.switches import switch_names
+
         pytest.fail(
             f"bad @pytest.mark.{_MARKER}(...) arguments on {item.nodeid}: {exc}. The marker "
             "takes detctx.deterministic's arguments: seed (an int in [0, 2**32 - 1] or None) "
@@ -136,6 +147,8 @@ def detctx_seeding(_detctx_block: Seeding | None) -> Iterator[Seeding]:
     if _detctx_block is not None:
         yield _detctx_block
         return
+    from detctx.context import deterministic
+
     with deterministic() as seeding:
         yield seeding
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import hashlib
 import operator
 import os
+import sys
 from typing import Final
-
-import numpy as np
 
 __all__ = [
     "DEFAULT_SEED",
@@ -37,7 +36,10 @@ def validate_seed(seed: object, what: str = "seed") -> int:
     Python and NumPy integers are accepted. ``bool``, floats and strings raise
     ``TypeError``; integers out of range raise ``ValueError``.
     """
-    if isinstance(seed, (bool, np.bool_)):
+    # NumPy is imported only where it is needed (0.1 s; `--detctx-seed` parses seeds before
+    # anything else is loaded): a NumPy bool can exist only once NumPy is imported.
+    np = sys.modules.get("numpy")
+    if isinstance(seed, bool) or (np is not None and isinstance(seed, np.bool_)):
         raise TypeError(f"{what} must be an integer, not a bool ({seed!r})")
     try:
         value = operator.index(seed)  # type: ignore[arg-type]
@@ -99,6 +101,8 @@ def derive_seed(seed: int, *key: int) -> int:
     different ``(seed, key)`` pairs do not collide in practice, and the same
     pair always gives the same seed on any machine.
     """
+    import numpy as np
+
     seed = validate_seed(seed)
     spawn_key = tuple(validate_seed(k, "spawn key element") for k in key)
     state = np.random.SeedSequence(seed, spawn_key=spawn_key).generate_state(1, np.uint32)

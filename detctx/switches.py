@@ -20,8 +20,9 @@ from typing import Any, Final, Literal, Protocol
 import torch
 from typing_extensions import TypedDict
 
+from detctx import inductor
 from detctx.accelerators import active_accelerators
-from detctx.environment import getenv
+from detctx.environment import getenv, setenv
 from detctx.errors import DeterminismWarning
 from detctx.npu_level import NpuLevelSwitch
 
@@ -104,7 +105,11 @@ class AlgorithmsSwitch:
     """``torch.use_deterministic_algorithms`` (and ``fill_uninitialized_memory``).
 
     ``True`` raises on ops without a deterministic implementation, ``"warn"``
-    only warns (``warn_only=True``), ``False`` leaves the flags alone.
+    only warns (``warn_only=True``), ``False`` leaves the flags alone. Like
+    torch's own call it also makes ``torch._inductor.config.deterministic``
+    follow the block, without importing inductor (see :mod:`detctx.inductor`):
+    ``torch.compile`` inside the block compiles deterministically, and after
+    the block inductor has the caller's value again.
 
     On Ascend NPUs the deterministic state is taken once per thread, by the
     first setting that is followed by an op launch; after that, turning it on
@@ -116,6 +121,11 @@ class AlgorithmsSwitch:
     def __init__(self) -> None:
         utils_det = getattr(torch.utils, "deterministic", None)
         self._fill = utils_det if hasattr(utils_det, "fill_uninitialized_memory") else None
+        # torch.use_deterministic_algorithms imports torch._inductor (see detctx.inductor);
+        # the C setter it ends with is all the flags need. Older torch may lack it.
+        self._set_flags: Callable[..., None] = getattr(
+            torch._C, "_set_deterministic_algorithms", torch.use_deterministic_algorithms
+        )
 
     def validate(self, setting: object) -> None:
         if isinstance(setting, str):
@@ -130,6 +140,7 @@ class AlgorithmsSwitch:
             torch.are_deterministic_algorithms_enabled(),
             torch.is_deterministic_algorithms_warn_only_enabled(),
             fill,
+            inductor.capture(),
         )
 
     def apply(self, setting: Any, seed: int, current: Any) -> str | None:
@@ -146,19 +157,19 @@ class AlgorithmsSwitch:
                 DeterminismWarning,
                 stacklevel=5,
             )
-        torch.use_deterministic_algorithms(True, warn_only=warn_only)
+        inductor.switch_on(current[3])
+        self._set_flags(True, warn_only=warn_only)
         return "algorithms=warn" if warn_only else "algorithms=on"
 
     def restore(self, saved: Any) -> None:
-        enabled, warn_only, fill = saved
-        # The first call in a process imports torch._inductor (seconds on torch 2.13):
-        # skip it when nothing changed, e.g. with algorithms=False.
+        enabled, warn_only, fill, compiled = saved
         now = (
             torch.are_deterministic_algorithms_enabled(),
             torch.is_deterministic_algorithms_warn_only_enabled(),
         )
         if now != (enabled, warn_only):
-            torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+            self._set_flags(enabled, warn_only=warn_only)
+        inductor.restore(compiled)
         # Written through torch's config module: slow, so only when it changed.
         if (
             self._fill is not None
@@ -251,10 +262,7 @@ class EnvSwitch:
         return f"{self.variable}={wanted}"
 
     def restore(self, saved: Any) -> None:
-        if saved is None:
-            os.environ.pop(self.variable, None)
-        else:
-            os.environ[self.variable] = saved
+        setenv(self.variable, saved)
 
 
 def _cuda_initialised() -> str | None:

@@ -6,12 +6,15 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 SINGLE_PROCESS = ("block", "seed_all", "steps", "snapshot", "numpy_floor")
+START_UP = ("first_block", "pytest_startup")
 
 
-def test_quick_run_of_the_single_process_scenarios_writes_every_row(tmp_path: Path) -> None:
+def quick_run(tmp_path: Path, scenarios: tuple[str, ...]) -> tuple[dict[str, Any], str]:
+    """``run_all.py --quick --only scenarios``: its JSON rows and its Markdown table."""
     table, rows = tmp_path / "RESULTS.md", tmp_path / "rows.json"
     done = subprocess.run(
         [
@@ -19,7 +22,7 @@ def test_quick_run_of_the_single_process_scenarios_writes_every_row(tmp_path: Pa
             str(ROOT / "benchmarks" / "run_all.py"),
             "--quick",
             "--only",
-            ",".join(SINGLE_PROCESS),
+            ",".join(scenarios),
             "--out",
             str(table),
             "--json",
@@ -27,12 +30,15 @@ def test_quick_run_of_the_single_process_scenarios_writes_every_row(tmp_path: Pa
         ],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
         cwd=ROOT,
     )
     assert done.returncode == 0, done.stderr
+    return json.loads(rows.read_text()), table.read_text()
 
-    data = json.loads(rows.read_text())
+
+def test_quick_run_of_the_single_process_scenarios_writes_every_row(tmp_path: Path) -> None:
+    data, text = quick_run(tmp_path, SINGLE_PROCESS)
     assert set(data["scenarios"]) == set(SINGLE_PROCESS)
     assert data["machine"]["torch"] and data["machine"]["numpy"]
     for name, scenario in data["scenarios"].items():
@@ -48,8 +54,29 @@ def test_quick_run_of_the_single_process_scenarios_writes_every_row(tmp_path: Pa
             if row["target"] is not None and row["ratio"] is not None:
                 assert row["status"] in ("met", "missed"), row
 
-    text = table.read_text()
     assert "| scenario | detctx | median [IQR] |" in text
     assert "deterministic() enter+exit" in text and "seed_all()" in text
     assert "capture()" in text and "fingerprint()" in text
     assert "## Floor of a full block, by part" in text
+    assert "decorated coroutine await" in text and "decorated generator step" in text
+
+
+def test_the_start_up_scenarios_compare_against_torch_and_pytest_without_the_plugin(
+    tmp_path: Path,
+) -> None:
+    data, text = quick_run(tmp_path, START_UP)
+    rows = [row for name in START_UP for row in data["scenarios"][name]["rows"]]
+    subjects = {row["subject"]: row for row in rows}
+    first = subjects["first deterministic() enter+exit in a fresh process"]
+    assert first["against"] == "import torch, in the same process"
+    assert first["target"] == {"kind": "ratio", "limit": 0.02}
+    assert "torch._inductor imported by the block in 0" in first["note"]
+    pytest_rows = [row for row in rows if row["scenario"] == "8 pytest start-up"]
+    assert len(pytest_rows) == 2
+    for row in rows:
+        assert row["status"] in ("met", "missed"), row
+        assert row["value"]["median"] > 0 and row["baseline"]["median"] > 0 and row["ratio"] > 0
+    for row in pytest_rows:
+        assert row["against"] == "the same with -p no:detctx"
+        assert row["target"] == {"kind": "ratio", "limit": 1.2}
+    assert "| 7 first block |" in text and "| 8 pytest start-up |" in text

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
 from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -291,3 +297,60 @@ def test_installing_detctx_is_enough_to_load_the_plugin(pytester: pytest.Pyteste
     pytester.makepyfile(test_nothing="def test_nothing(): pass")
     result = pytester.runpytest("--detctx-seed", "1")
     result.stdout.fnmatch_lines(["detctx: --detctx-seed 1 *", "plugins:*detctx-*"])
+
+
+# --- start-up: the plugin loads nothing heavy until a test needs it ------------------------------
+
+LOADED = """
+import json, sys
+import pytest
+
+code = pytest.main(sys.argv[1:])
+heavy = sorted({name.split(".")[0] for name in sys.modules} & {"torch", "numpy"})
+library = sorted(name for name in sys.modules if name.startswith("detctx."))
+print(json.dumps({"code": int(code), "heavy": heavy, "library": library}))
+"""
+
+
+def pytest_in_a_fresh_process(folder: Path, *args: str) -> dict[str, Any]:
+    """Run pytest with ``args`` in ``folder``, in a fresh interpreter with plugins
+    autoloaded; what it imported: the heavy modules and detctx's modules."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    done = subprocess.run(
+        [sys.executable, "-c", LOADED, "-p", "no:cacheprovider", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=folder,
+        env=env,
+    )
+    assert done.stdout.strip(), done.stderr
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def test_pytest_help_lists_the_option_without_importing_torch_or_numpy(tmp_path: Path) -> None:
+    loaded = pytest_in_a_fresh_process(tmp_path, "--help")
+    assert loaded["code"] == 0
+    assert "detctx.pytest_plugin" in loaded["library"]
+    assert loaded["heavy"] == []
+
+
+def test_a_project_without_torch_runs_its_tests_without_importing_torch(tmp_path: Path) -> None:
+    (tmp_path / "test_plain.py").write_text("def test_sum():\n    assert sum([1, 2]) == 3\n")
+    loaded = pytest_in_a_fresh_process(tmp_path, "-q")
+    assert loaded["code"] == 0
+    assert "detctx.pytest_plugin" in loaded["library"]
+    assert loaded["heavy"] == []
+
+
+def test_the_first_test_that_uses_the_marker_loads_the_library(tmp_path: Path) -> None:
+    (tmp_path / "test_marked.py").write_text(
+        "import random, pytest\n\n"
+        "def test_plain():\n    pass\n\n"
+        "@pytest.mark.deterministic(seed=3)\n"
+        "def test_marked():\n    assert random.random() == random.Random(3).random()\n"
+    )
+    loaded = pytest_in_a_fresh_process(tmp_path, "-q")
+    assert loaded["code"] == 0
+    assert loaded["heavy"] == ["numpy", "torch"]
+    assert "detctx.context" in loaded["library"]
