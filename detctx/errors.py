@@ -12,6 +12,7 @@ __all__ = [
     "OutOfOrderExitError",
     "RankDivergenceError",
     "SeedMismatchError",
+    "TraceError",
 ]
 
 
@@ -122,3 +123,13 @@ class RankDivergenceError(DetctxError, RuntimeError):
     def __init__(self, message: str, divergent: dict[int, tuple[str, ...]]) -> None:
         super().__init__(message)
         self.divergent = divergent
+
+
+class TraceError(DetctxError, ValueError):
+    """An op trace (written by ``detctx run --locate``) cannot be read back.
+
+    The message names the file, the byte offset and what is wrong: not a
+    trace, another format version, a record cut short (the run was killed
+    or left through ``os._exit`` before its trace was closed), or a record
+    that does not make sense. Run again to record a fresh trace.
+    """

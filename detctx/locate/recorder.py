@@ -1,0 +1,224 @@
+"""Record every ATen op a block of code runs: name, module, source line, output digest.
+
+The recorder is a ``TorchDispatchMode``: torch calls it for every op below
+autograd, in the forward and the backward pass alike (the autograd engine
+carries the mode to the thread that runs the backward). It lives in
+``torch.utils._python_dispatch``, a private torch module, so it is looked
+up when recording starts and a missing one is reported as
+:class:`~detctx.errors.MissingDependencyError` rather than a crash.
+
+For each op with tensor outputs the recorder hands an :class:`OpRecord` and
+the outputs to a sink. The outputs are what the op returned plus what it
+wrote in place (``add_``, ``_foreach_mul_`` and ``out=`` variants, whose
+output is their mutated input). Pure views (``t``, ``view``, ``detach``)
+carry no new values and are not recorded. For a random op (tagged
+``nondeterministic_seeded``) the state of the generator it draws from is
+digested before it runs, so a stream advanced elsewhere is told apart from
+a numerical difference.
+
+An op of the backward pass is attributed to the forward op that made its
+autograd node: the module path and source line of each forward op are kept
+in its node's ``metadata`` and read back through
+``torch._C._current_autograd_node`` (feature-detected; without it backward
+ops carry only their node's name).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zlib
+from collections.abc import Callable
+from typing import Any, Final, Protocol
+
+import torch
+
+from detctx.errors import MissingDependencyError
+from detctx.locate.callsite import UNKNOWN, user_line
+from detctx.locate.digest import digest
+from detctx.locate.modules import ModuleTracker
+from detctx.locate.trace import OpRecord
+
+__all__ = ["OpRecorder", "Sink", "dispatch_mode_class"]
+
+_KEY: Final = "detctx.locate"
+_MASK: Final = (1 << 64) - 1
+_PRIME: Final = 0x100000001B3
+
+
+class Sink(Protocol):
+    """Where records go: a trace file, a comparison with an earlier run, a capture."""
+
+    def add(self, record: OpRecord, outputs: list[torch.Tensor]) -> None: ...
+
+
+def dispatch_mode_class() -> type[Any]:
+    """torch's ``TorchDispatchMode`` (private API; present in torch 2.1 and later)."""
+    try:
+        from torch.utils._python_dispatch import TorchDispatchMode
+    except ImportError:
+        raise MissingDependencyError(
+            "recording ops needs torch.utils._python_dispatch.TorchDispatchMode, which this "
+            f"torch {torch.__version__} does not have: install torch 2.1 or later"
+        ) from None
+    return TorchDispatchMode  # type: ignore[no-any-return]
+
+
+class _OpInfo:
+    __slots__ = ("name", "random", "skip", "written")
+
+    def __init__(self, func: Any) -> None:
+        schema = func._schema
+        overload = func._overloadname
+        self.name = schema.name if overload == "default" else f"{schema.name}.{overload}"
+        tags = getattr(func, "tags", ())
+        seeded = getattr(getattr(torch, "Tag", None), "nondeterministic_seeded", None)
+        self.random = seeded is not None and seeded in tags
+        self.written = tuple(
+            (index, argument.name)
+            for index, argument in enumerate(schema.arguments)
+            if argument.alias_info is not None and argument.alias_info.is_write
+        )
+        returns = schema.returns
+        self.skip = (
+            bool(returns)
+            and not self.written
+            and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
+        ) or schema.name.startswith("profiler::")
+
+
+def _generator_state(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    generator = kwargs.get("generator")
+    if not isinstance(generator, torch.Generator):
+        device = kwargs.get("device")
+        if device is None:
+            device = next((a.device for a in args if isinstance(a, torch.Tensor)), "cpu")
+        device = torch.device(device)
+        if device.type == "cpu":
+            generator = torch.default_generator
+        else:
+            module = getattr(torch, device.type, None)
+            generators = getattr(module, "default_generators", ())
+            index = device.index if device.index is not None else module.current_device()  # type: ignore[union-attr]
+            if index >= len(generators):
+                return 0
+            generator = generators[index]
+    state = generator.get_state()
+    return int.from_bytes(hashlib.blake2b(state.numpy().tobytes(), digest_size=8).digest(), "little")
+
+
+def _combine(outputs: list[torch.Tensor]) -> int:
+    value = 0xCBF29CE484222325
+    for tensor in outputs:
+        bits = digest(tensor)
+        shape = zlib.crc32(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
+        for part in (0 if bits is None else bits, shape):
+            value = ((value ^ part) * _PRIME) & _MASK
+    return value
+
+
+class OpRecorder:
+    """Records ops into ``sink`` between :meth:`start` and :meth:`stop`, in this thread.
+
+    >>> recorder = OpRecorder(sink)   # doctest: +SKIP
+    >>> recorder.start(); model(x).sum().backward(); recorder.stop()  # doctest: +SKIP
+    """
+
+    def __init__(self, sink: Sink) -> None:
+        self.sink = sink
+        self.modules = ModuleTracker()
+        self._mode: Any = None
+        self._infos: dict[Any, _OpInfo] = {}
+        self._pending: tuple[list[torch.Tensor], str, str] | None = None
+        self._current_node: Callable[[], Any] | None = getattr(
+            torch._C, "_current_autograd_node", None
+        )
+
+    def start(self) -> None:
+        base = dispatch_mode_class()
+        recorder = self
+
+        class _Mode(base):  # type: ignore[misc, valid-type]
+            def __torch_dispatch__(
+                self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+            ) -> Any:
+                return recorder.dispatch(func, args, kwargs or {})
+
+        self.modules.start()
+        try:
+            self._mode = _Mode()
+            self._mode.__enter__()
+        except BaseException:
+            self.modules.stop()
+            self._mode = None
+            raise
+
+    def stop(self) -> None:
+        if self._mode is None:
+            return
+        mode, self._mode = self._mode, None
+        try:
+            mode.__exit__(None, None, None)
+        finally:
+            self.modules.stop()
+            self._annotate()
+
+    def _annotate(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        outputs, module_path, source = pending
+        for tensor in outputs:
+            node = tensor.grad_fn
+            if node is not None:
+                metadata = getattr(node, "metadata", None)
+                if isinstance(metadata, dict):
+                    metadata.setdefault(_KEY, (module_path, source))
+
+    def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        info = self._infos.get(func)
+        if info is None:
+            info = self._infos[func] = _OpInfo(func)
+        if self._pending is not None:
+            self._annotate()
+        if info.skip:
+            return func(*args, **kwargs)
+        rng = _generator_state(func, args, kwargs) if info.random else None
+        result = func(*args, **kwargs)
+        outputs = _tensors(result)
+        for index, name in info.written:
+            argument = args[index] if index < len(args) else kwargs.get(name)
+            outputs.extend(t for t in _tensors(argument) if not any(t is o for o in outputs))
+        if not outputs:
+            return result
+        node = self._current_node() if self._current_node is not None else None
+        if node is not None:
+            metadata = getattr(node, "metadata", None)
+            where = metadata.get(_KEY) if isinstance(metadata, dict) else None
+            module_path, source = where if where is not None else ("", UNKNOWN)
+            node_name = node.name()
+        else:
+            module_path, source, node_name = self.modules.current(), user_line(3), ""
+            if torch.is_grad_enabled():
+                self._pending = (outputs, module_path, source)
+        first = outputs[0]
+        record = OpRecord(
+            info.name,
+            module_path,
+            source,
+            node_name,
+            str(first.dtype).removeprefix("torch."),
+            tuple(first.shape),
+            str(first.device),
+            _combine(outputs),
+            rng,
+        )
+        self.sink.add(record, outputs)
+        return result
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [item for item in value if isinstance(item, torch.Tensor)]
+    return []
