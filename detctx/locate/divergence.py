@@ -5,12 +5,21 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import zip_longest
+from pathlib import Path
 
 import torch
 
-from detctx.locate.trace import OpRecord
+from detctx.locate.trace import OpRecord, read_trace
 
-__all__ = ["Comparison", "Divergence", "compare_records", "element_difference"]
+__all__ = [
+    "Capture",
+    "Comparison",
+    "Divergence",
+    "compare_records",
+    "compare_traces",
+    "element_difference",
+]
 
 
 @dataclass(frozen=True)
@@ -77,14 +86,16 @@ class Divergence:
                 f"(the next: {self.where()})."
             )
         if self.mismatched is not None and self.total is not None:
-            gap = "" if self.max_abs_diff is None else (
-                f", largest absolute difference {self.max_abs_diff:.6g}"
+            gap = (
+                ""
+                if self.max_abs_diff is None
+                else (f", largest absolute difference {self.max_abs_diff:.6g}")
             )
-            detail = f"{self.mismatched} of {self.total} elements differ{gap}"
+            detail = f": {self.mismatched} of {self.total} elements differ{gap}"
         else:
-            detail = "(run 1 could not be replayed to this op to count the elements)"
+            detail = " (its tensors were not at hand to count the differing elements)"
         return (
-            f"{head}, {self.where()}: its {output} differs: {detail}. Every recorded op "
+            f"{head}, {self.where()}: its {output} differs{detail}. Every recorded op "
             "before it produced the same bits in both runs, so the difference entered here: "
             "look at what this op reads that no earlier op made (data from outside torch, "
             "OS entropy, a tensor from before the run) or at a nondeterministic kernel."
@@ -208,4 +219,21 @@ def element_difference(
         gaps = (a.reshape(-1)[differs].to(wide) - b.reshape(-1)[differs].to(wide)).abs()
         largest = float(gaps.max().item())
         return mismatched, a.numel(), math.nan if math.isnan(largest) else largest
+    return None
+
+
+def compare_traces(reference: Path, other: Path, run: int) -> Divergence | None:
+    """The first op where the trace ``other`` (of run ``run``) parts from ``reference``.
+
+    Both files are streamed, a record at a time, and checked as they are read.
+    """
+    first, second = read_trace(reference), read_trace(other)
+    try:
+        for index, (a, b) in enumerate(zip_longest(first, second)):
+            found = compare_records(index, a, b, run)
+            if found is not None:
+                return found
+    finally:
+        first.close()
+        second.close()
     return None

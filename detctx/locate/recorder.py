@@ -43,6 +43,18 @@ __all__ = ["OpRecorder", "Sink", "dispatch_mode_class"]
 _KEY: Final = "detctx.locate"
 _MASK: Final = (1 << 64) - 1
 _PRIME: Final = 0x100000001B3
+_UNINITIALISED: Final = frozenset(
+    {
+        "aten::empty",
+        "aten::empty_like",
+        "aten::empty_strided",
+        "aten::empty_permuted",
+        "aten::new_empty",
+        "aten::new_empty_strided",
+        "aten::resize_",
+    }
+)
+"""Ops whose outputs hold whatever was in memory: only their shapes and dtypes are compared."""
 
 
 class Sink(Protocol):
@@ -60,11 +72,11 @@ def dispatch_mode_class() -> type[Any]:
             "recording ops needs torch.utils._python_dispatch.TorchDispatchMode, which this "
             f"torch {torch.__version__} does not have: install torch 2.1 or later"
         ) from None
-    return TorchDispatchMode  # type: ignore[no-any-return]
+    return TorchDispatchMode
 
 
 class _OpInfo:
-    __slots__ = ("name", "random", "skip", "written")
+    __slots__ = ("name", "random", "skip", "uninitialised", "written")
 
     def __init__(self, func: Any) -> None:
         schema = func._schema
@@ -73,6 +85,7 @@ class _OpInfo:
         tags = getattr(func, "tags", ())
         seeded = getattr(getattr(torch, "Tag", None), "nondeterministic_seeded", None)
         self.random = seeded is not None and seeded in tags
+        self.uninitialised = schema.name in _UNINITIALISED
         self.written = tuple(
             (index, argument.name)
             for index, argument in enumerate(schema.arguments)
@@ -98,18 +111,20 @@ def _generator_state(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -
         else:
             module = getattr(torch, device.type, None)
             generators = getattr(module, "default_generators", ())
-            index = device.index if device.index is not None else module.current_device()  # type: ignore[union-attr]
+            index = device.index if device.index is not None else module.current_device()
             if index >= len(generators):
                 return 0
             generator = generators[index]
     state = generator.get_state()
-    return int.from_bytes(hashlib.blake2b(state.numpy().tobytes(), digest_size=8).digest(), "little")
+    return int.from_bytes(
+        hashlib.blake2b(state.numpy().tobytes(), digest_size=8).digest(), "little"
+    )
 
 
-def _combine(outputs: list[torch.Tensor]) -> int:
+def _combine(outputs: list[torch.Tensor], values: bool) -> int:
     value = 0xCBF29CE484222325
     for tensor in outputs:
-        bits = digest(tensor)
+        bits = digest(tensor) if values else None
         shape = zlib.crc32(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
         for part in (0 if bits is None else bits, shape):
             value = ((value ^ part) * _PRIME) & _MASK
@@ -209,7 +224,7 @@ class OpRecorder:
             str(first.dtype).removeprefix("torch."),
             tuple(first.shape),
             str(first.device),
-            _combine(outputs),
+            _combine(outputs, not info.uninitialised),
             rng,
         )
         self.sink.add(record, outputs)

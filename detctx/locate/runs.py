@@ -1,4 +1,4 @@
-"""``locate_divergence``: run a function several times, recording, and name the first differing op."""
+"""``locate_divergence``: run a function several times while recording; the first differing op."""
 
 from __future__ import annotations
 
@@ -17,7 +17,9 @@ from detctx.seeds import DEFAULT_SEED, resolve_seed, validate_seed
 __all__ = ["locate_divergence"]
 
 
-def _recorded(block: deterministic, sink: Sink, fn: Callable[..., Any], args: Any, kwargs: Any) -> None:
+def _recorded(
+    block: deterministic, sink: Sink, fn: Callable[..., Any], args: Any, kwargs: Any
+) -> None:
     with block:
         recorder = OpRecorder(sink)
         recorder.start()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 import struct
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Final
@@ -66,9 +66,9 @@ class OpRecord:
 class TraceWriter:
     """Writes :class:`OpRecord` s to a binary file, :data:`BUFFER_BYTES` at a time."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, exclusive: bool = False) -> None:
         self.path = path
-        self._file: BinaryIO | None = open(path, "wb")
+        self._file: BinaryIO | None = open(path, "xb" if exclusive else "wb")
         self._buffer = bytearray(_HEADER.pack(MAGIC, VERSION))
         self._strings: dict[str, int] = {}
         self.count = 0
@@ -145,7 +145,7 @@ def _parse_meta(reader: _Reader, text: str) -> tuple[str, tuple[int, ...], str]:
     return dtype, tuple(int(size) for size in shape.split(",")) if shape else (), device
 
 
-def read_trace(path: Path) -> Iterator[OpRecord]:
+def read_trace(path: Path) -> Generator[OpRecord, None, None]:
     """Yield the records of the trace at ``path``, one at a time.
 
     Raises :class:`~detctx.errors.TraceError` for anything that is not a
@@ -184,14 +184,23 @@ def read_trace(path: Path) -> Iterator[OpRecord]:
                 dtype, shape, device = metas[ids[4]]
                 op, module_path, source, node = (strings[i] for i in ids[:4])
                 yield OpRecord(
-                    op, module_path, source, node, dtype, shape, device, value,
+                    op,
+                    module_path,
+                    source,
+                    node,
+                    dtype,
+                    shape,
+                    device,
+                    value,
                     rng if flags & _RANDOM else None,
                 )
                 count += 1
             elif tag == b"E":
                 (expected,) = _END.unpack(reader.take(_END.size, "the end marker"))
                 if expected != count:
-                    raise reader.fail(f"the end marker counts {expected} ops, the trace has {count}")
+                    raise reader.fail(
+                        f"the end marker counts {expected} ops, the trace has {count}"
+                    )
                 if stream.read(1):
                     raise reader.fail("data follows the end marker")
                 return
