@@ -28,7 +28,9 @@ from detctx.errors import (
     OutOfOrderExitError,
     RankDivergenceError,
     SeedMismatchError,
+    TraceError,
 )
+from detctx.locate import Divergence, locate_divergence
 from detctx.seeds import DEFAULT_SEED, SEED_ENV, derive_seed, group_seed
 from detctx.settings import Seeding
 from detctx.snapshot import Snapshot, capture, fingerprint, restore
@@ -54,6 +56,7 @@ __all__ = [
     "DeterminismWarning",
     "DistributedRun",
     "DistributedSeeding",
+    "Divergence",
     "EnvSwitchOptions",
     "MetricsError",
     "MissingDependencyError",
@@ -68,6 +71,7 @@ __all__ = [
     "Seeding",
     "Snapshot",
     "SwitchOptions",
+    "TraceError",
     "__version__",
     "agree_seed",
     "capture",
@@ -80,6 +84,7 @@ __all__ = [
     "fingerprint",
     "group_seed",
     "loader_generator",
+    "locate_divergence",
     "open_blocks",
     "prepare_environment",
     "register_accelerator",

@@ -13,12 +13,15 @@ from types import CodeType, FrameType
 
 import torch
 
-__all__ = ["UNKNOWN", "user_line"]
+__all__ = ["UNKNOWN", "user_line", "user_line_in_backward"]
 
 UNKNOWN = "<unknown>"
 _INTERNAL = (
     os.path.dirname(os.path.abspath(torch.__file__ or "")) + os.sep,
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+)
+_ENGINE = tuple(
+    os.path.join(_INTERNAL[0], "autograd", name) for name in ("__init__.py", "graph.py")
 )
 _internal: dict[CodeType, bool] = {}
 _shown: dict[str, str] = {}
@@ -55,3 +58,20 @@ def user_line(skip: int = 1) -> str:
             return f"{_show(frame.f_code.co_filename)}:{frame.f_lineno}"
         frame = frame.f_back
     return UNKNOWN
+
+
+def user_line_in_backward(skip: int = 1) -> str | None:
+    """``file:line`` of user code the backward pass runs (a custom ``backward``, a hook).
+
+    ``None`` when the autograd engine's entry (``torch.autograd.backward`` /
+    ``grad``) is reached first: the op belongs to a built-in backward.
+    """
+    frame: FrameType | None = sys._getframe(skip)
+    while frame is not None:
+        code = frame.f_code
+        if not _is_internal(code):
+            return f"{_show(code.co_filename)}:{frame.f_lineno}"
+        if code.co_filename.startswith(_ENGINE):
+            return None
+        frame = frame.f_back
+    return None

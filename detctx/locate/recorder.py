@@ -33,7 +33,7 @@ from typing import Any, Final, Protocol
 import torch
 
 from detctx.errors import MissingDependencyError
-from detctx.locate.callsite import UNKNOWN, user_line
+from detctx.locate.callsite import UNKNOWN, user_line, user_line_in_backward
 from detctx.locate.digest import digest
 from detctx.locate.modules import ModuleTracker
 from detctx.locate.trace import OpRecord
@@ -210,6 +210,7 @@ class OpRecorder:
             metadata = getattr(node, "metadata", None)
             where = metadata.get(_KEY) if isinstance(metadata, dict) else None
             module_path, source = where if where is not None else ("", UNKNOWN)
+            source = user_line_in_backward(3) or source
             node_name = node.name()
         else:
             module_path, source, node_name = self.modules.current(), user_line(3), ""
