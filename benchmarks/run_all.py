@@ -31,6 +31,7 @@ SCENARIOS = {
     "import": "benchmarks.s6_import",
     "devices": "benchmarks.devices",
     "numpy_floor": "benchmarks.numpy_floor",
+    "locate": "benchmarks.s7_locate",
 }
 
 

@@ -121,11 +121,17 @@ def _generator_state(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -
     )
 
 
+_layouts: dict[tuple[torch.dtype, tuple[int, ...]], int] = {}
+
+
 def _combine(outputs: list[torch.Tensor], values: bool) -> int:
     value = 0xCBF29CE484222325
     for tensor in outputs:
         bits = digest(tensor) if values else None
-        shape = zlib.crc32(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
+        key = (tensor.dtype, tuple(tensor.shape))
+        shape = _layouts.get(key)
+        if shape is None:
+            shape = _layouts[key] = zlib.crc32(f"{key[0]}{key[1]}".encode())
         for part in (0 if bits is None else bits, shape):
             value = ((value ^ part) * _PRIME) & _MASK
     return value

@@ -16,9 +16,8 @@ from __future__ import annotations
 import re
 import struct
 from collections.abc import Generator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Final
+from typing import BinaryIO, Final, NamedTuple
 
 from detctx.errors import TraceError
 
@@ -39,8 +38,7 @@ _RANDOM: Final = 1
 _META: Final = re.compile(r"([A-Za-z0-9_.]{1,40})\|((?:\d{1,19}(?:,\d{1,19}){0,63})?)\|(.{1,64})")
 
 
-@dataclass(frozen=True)
-class OpRecord:
+class OpRecord(NamedTuple):
     """One recorded op: what ran, where, and the digest of what it produced.
 
     ``node`` is the autograd node (``AddmmBackward0``) for an op run by the
