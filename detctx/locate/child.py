@@ -4,9 +4,9 @@
 a trace file and a ``sitecustomize`` on ``PYTHONPATH`` that calls
 :func:`start_from_environment` when Python starts, so ``python train.py``
 records without a change to ``train.py``. The variable is removed from the
-environment at once, so processes the run starts later (DataLoader workers,
-a second script) do not record over the same file; a forked child stops
-recording in itself. The trace is closed at interpreter exit.
+environment at once, so processes the run starts later (a second script) do not record over
+the same file; a forked child (a DataLoader worker) stops recording in
+itself (:mod:`detctx.locate.recorder`). The trace is closed at interpreter exit.
 """
 
 from __future__ import annotations
@@ -14,30 +14,15 @@ from __future__ import annotations
 import atexit
 import os
 import sys
-import threading
 from pathlib import Path
 from typing import Final
 
-import torch
-
 from detctx.locate.recorder import OpRecorder
-from detctx.locate.trace import OpRecord, TraceWriter
+from detctx.locate.trace import TraceWriter
 
 __all__ = ["TRACE_ENV", "start_from_environment"]
 
 TRACE_ENV: Final = "DETCTX_LOCATE_TRACE"
-
-
-class _ThisProcess:
-    """Passes records to the trace only in the process that opened it (not in forks)."""
-
-    def __init__(self, writer: TraceWriter) -> None:
-        self.writer = writer
-        self.pid = os.getpid()
-
-    def add(self, record: OpRecord, outputs: list[torch.Tensor]) -> None:
-        if os.getpid() == self.pid:
-            self.writer.add(record)
 
 
 def _check_path(value: str) -> Path | str:
@@ -70,22 +55,14 @@ def start_from_environment() -> bool:
     except OSError as exc:
         sys.stderr.write(f"detctx: not recording ops into {checked}: {exc.strerror or exc}\n")
         return False
-    sink = _ThisProcess(writer)
-    recorder = OpRecorder(sink)
+    recorder = OpRecorder(writer)
     recorder.start()
+    pid = os.getpid()
 
     def finish() -> None:
-        if os.getpid() == sink.pid:
+        if os.getpid() == pid:
             recorder.stop()
             writer.close()
 
-    def forked() -> None:
-        # The dispatch mode sits on the starting thread's stack; a child forked from
-        # that thread (a DataLoader worker) drops it to spare its ops the recording.
-        if threading.get_ident() == starter:
-            recorder.stop()
-
-    starter = threading.get_ident()
     atexit.register(finish)
-    os.register_at_fork(after_in_child=forked)
     return True

@@ -25,7 +25,11 @@ ops carry only their node's name).
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import os
+import threading
+import weakref
 import zlib
 from collections.abc import Callable
 from typing import Any, Final, Protocol
@@ -122,6 +126,8 @@ def _generator_state(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -
 
 
 _layouts: dict[tuple[torch.dtype, tuple[int, ...]], int] = {}
+_DTYPES: dict[torch.dtype, str] = {}
+_DEVICES: dict[torch.device, str] = {}
 
 
 def _combine(outputs: list[torch.Tensor], values: bool) -> int:
@@ -137,6 +143,52 @@ def _combine(outputs: list[torch.Tensor], values: bool) -> int:
     return value
 
 
+@functools.cache
+def _recording_mode() -> type[Any]:
+    base = dispatch_mode_class()
+
+    class RecordingMode(base):  # type: ignore[misc, valid-type]
+        def __init__(self, recorder: OpRecorder) -> None:
+            super().__init__()
+            self.recorder = recorder
+
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            # torch 2.5+ wraps a mode's __torch_dispatch__ in torch._disable_dynamo
+            # unless the mode says no (as torch/utils/_python_dispatch.py documents);
+            # the wrapper costs about as much as recording a small op, and nothing
+            # here is compiled.
+            return False
+
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+        ) -> Any:
+            return self.recorder.dispatch(func, args, kwargs or {})
+
+    return RecordingMode
+
+
+class _Discard:
+    def add(self, record: OpRecord, outputs: list[torch.Tensor]) -> None:
+        return None
+
+
+_recording: weakref.WeakSet[OpRecorder] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    # A child forked while recording (a DataLoader worker) must not write into the
+    # parent's trace; the mode sits on the stack of the thread that started it, so
+    # only a child forked from that thread can pop it.
+    for recorder in list(_recording):
+        recorder.sink = _Discard()
+        if recorder.thread == threading.get_ident():
+            recorder.stop()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class OpRecorder:
     """Records ops into ``sink`` between :meth:`start` and :meth:`stop`, in this thread.
 
@@ -148,6 +200,7 @@ class OpRecorder:
         self.sink = sink
         self.modules = ModuleTracker()
         self._mode: Any = None
+        self.thread = 0
         self._infos: dict[Any, _OpInfo] = {}
         self._pending: tuple[list[torch.Tensor], str, str] | None = None
         self._current_node: Callable[[], Any] | None = getattr(
@@ -155,28 +208,23 @@ class OpRecorder:
         )
 
     def start(self) -> None:
-        base = dispatch_mode_class()
-        recorder = self
-
-        class _Mode(base):  # type: ignore[misc, valid-type]
-            def __torch_dispatch__(
-                self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
-            ) -> Any:
-                return recorder.dispatch(func, args, kwargs or {})
-
+        mode_class = _recording_mode()
         self.modules.start()
         try:
-            self._mode = _Mode()
+            self._mode = mode_class(self)
             self._mode.__enter__()
         except BaseException:
             self.modules.stop()
             self._mode = None
             raise
+        self.thread = threading.get_ident()
+        _recording.add(self)
 
     def stop(self) -> None:
         if self._mode is None:
             return
         mode, self._mode = self._mode, None
+        _recording.discard(self)
         try:
             mode.__exit__(None, None, None)
         finally:
@@ -223,14 +271,20 @@ class OpRecorder:
             if torch.is_grad_enabled():
                 self._pending = (outputs, module_path, source)
         first = outputs[0]
+        dtype = _DTYPES.get(first.dtype)
+        if dtype is None:
+            dtype = _DTYPES[first.dtype] = str(first.dtype).removeprefix("torch.")
+        device = _DEVICES.get(first.device)
+        if device is None:
+            device = _DEVICES[first.device] = str(first.device)
         record = OpRecord(
             info.name,
             module_path,
             source,
             node_name,
-            str(first.dtype).removeprefix("torch."),
+            dtype,
             tuple(first.shape),
-            str(first.device),
+            device,
             _combine(outputs, not info.uninitialised),
             rng,
         )

@@ -13,6 +13,7 @@ tells a complete trace from one cut short.
 
 from __future__ import annotations
 
+import os
 import re
 import struct
 from collections.abc import Generator
@@ -67,6 +68,7 @@ class TraceWriter:
     def __init__(self, path: Path, *, exclusive: bool = False) -> None:
         self.path = path
         self._file: BinaryIO | None = open(path, "xb" if exclusive else "wb")
+        self._pid = os.getpid()
         self._buffer = bytearray(_HEADER.pack(MAGIC, VERSION))
         self._strings: dict[str, int] = {}
         self.count = 0
@@ -103,13 +105,17 @@ class TraceWriter:
             self._flush()
 
     def _flush(self) -> None:
+        if os.getpid() != self._pid:
+            # A forked child holds a copy of the buffer: writing it would corrupt the trace.
+            self._buffer.clear()
+            return
         if self._file is not None and self._buffer:
             self._file.write(self._buffer)
             self._buffer.clear()
 
     def close(self) -> None:
         """Write the end marker and close the file (a second call does nothing)."""
-        if self._file is None:
+        if self._file is None or os.getpid() != self._pid:
             return
         self._buffer += b"E" + _END.pack(self.count)
         self._flush()
