@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SINGLE_PROCESS = ("block", "seed_all", "steps", "snapshot", "numpy_floor")
+SINGLE_PROCESS = ("block", "seed_all", "steps", "snapshot", "numpy_floor", "locate")
 
 
 def test_quick_run_of_the_single_process_scenarios_writes_every_row(tmp_path: Path) -> None:
@@ -53,3 +53,4 @@ def test_quick_run_of_the_single_process_scenarios_writes_every_row(tmp_path: Pa
     assert "deterministic() enter+exit" in text and "seed_all()" in text
     assert "capture()" in text and "fingerprint()" in text
     assert "## Floor of a full block, by part" in text
+    assert "recorded demo training step" in text and "recorded model step alone" in text

@@ -176,6 +176,22 @@ def test_a_builtin_backward_op_is_named_by_the_forward_module_and_line():
     }
 
 
+def test_a_dataloader_with_worker_processes_inside_the_recorded_function_agrees():
+    from torch.utils.data import DataLoader, TensorDataset
+
+    data = TensorDataset(torch.arange(48, dtype=torch.float32).reshape(12, 4))
+
+    def epoch() -> None:
+        loader = DataLoader(
+            data, batch_size=4, shuffle=True, num_workers=2, generator=detctx.loader_generator()
+        )
+        layer = nn.Linear(4, 1)
+        for (batch,) in loader:
+            layer(batch).sum().backward()
+
+    assert detctx.locate_divergence(epoch) is None
+
+
 def test_different_control_flow_is_reported_as_different_ops():
     calls = []
 

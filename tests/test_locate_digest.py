@@ -125,3 +125,14 @@ def test_a_large_tensor_beyond_the_cached_multipliers_is_digested_on_both_paths(
     assert digest(tensor, on_host=True) == digest(tensor, on_host=False)
     tensor[-1] += 1
     assert digest(tensor) != digest(torch.arange((1 << 20) + 7, dtype=torch.int32))
+
+
+def test_structured_changes_in_neighbours_do_not_cancel():
+    base = torch.arange(100, 164, dtype=torch.int64)
+    for start in range(0, 60):
+        changed = base.clone()
+        changed[start : start + 3] += torch.tensor([1, -2, 1])
+        assert digest(changed) != digest(base), start
+        shifted = base.clone()
+        shifted[start : start + 2] += torch.tensor([1, -1])
+        assert digest(shifted) != digest(base), start
