@@ -292,3 +292,39 @@ def test_bad_arguments_are_refused_before_anything_runs(
     with pytest.raises(error, match=text):
         detctx.locate_divergence(fn, **arguments)
     assert ran == []
+
+
+def test_check_reproducible_with_locate_says_when_no_torch_op_differed():
+    with pytest.raises(detctx.NotReproducibleError) as raised:
+        detctx.check_reproducible(lambda: float(os.urandom(1)[0]) + 0.5, locate=True)
+    assert "no op differed when recorded" in str(raised.value)
+
+
+def test_check_reproducible_refuses_a_locate_that_is_not_a_bool():
+    with pytest.raises(TypeError, match="locate must be True or False"):
+        detctx.check_reproducible(train_step, locate="yes")
+
+
+@pytest.mark.parametrize(
+    ("value", "complaint"),
+    [
+        ("relative.trace", "not an absolute path"),
+        ("/nonexistent-folder-for-detctx/run1.trace", "does not exist"),
+        ("EXISTING", "exists already"),
+    ],
+)
+def test_a_bad_trace_variable_is_reported_and_nothing_is_recorded(
+    value: str, complaint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+):
+    from detctx.locate.child import TRACE_ENV, start_from_environment
+
+    if value == "EXISTING":
+        value = str(tmp_path / "run1.trace")
+        Path(value).write_bytes(b"someone else's")
+    monkeypatch.setenv(TRACE_ENV, value)
+
+    assert start_from_environment() is False
+
+    assert complaint in capsys.readouterr().err
+    assert TRACE_ENV not in os.environ
+    assert torch._C._len_torch_dispatch_stack() == 0

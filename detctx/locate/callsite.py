@@ -1,4 +1,5 @@
-"""The user's source line that issued an op: the first frame outside torch and detctx.
+"""The user's source line that issued an op: the first frame outside torch, detctx and
+the standard library.
 
 Walking the stack costs a few frames per op (a module's ``forward`` sits
 under torch's ``_call_impl``); whether a code object is internal is decided
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import sysconfig
 from types import CodeType, FrameType
 
 import torch
@@ -19,6 +21,10 @@ UNKNOWN = "<unknown>"
 _INTERNAL = (
     os.path.dirname(os.path.abspath(torch.__file__ or "")) + os.sep,
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+)
+_STDLIB = os.path.join(sysconfig.get_paths()["stdlib"], "")
+_INSTALLED = tuple(
+    {os.path.join(sysconfig.get_paths()[name], "") for name in ("purelib", "platlib")}
 )
 _ENGINE = tuple(
     os.path.join(_INTERNAL[0], "autograd", name) for name in ("__init__.py", "graph.py")
@@ -31,7 +37,12 @@ def _is_internal(code: CodeType) -> bool:
     known = _internal.get(code)
     if known is None:
         filename = code.co_filename
-        known = filename.startswith(_INTERNAL) or filename.startswith("<frozen")
+        known = (
+            filename.startswith(_INTERNAL)
+            or filename.startswith("<frozen")
+            # The standard library (multiprocessing, threading) is nobody's training code.
+            or (filename.startswith(_STDLIB) and not filename.startswith(_INSTALLED))
+        )
         _internal[code] = known
     return known
 

@@ -47,18 +47,6 @@ __all__ = ["OpRecorder", "Sink", "dispatch_mode_class"]
 _KEY: Final = "detctx.locate"
 _MASK: Final = (1 << 64) - 1
 _PRIME: Final = 0x100000001B3
-_UNINITIALISED: Final = frozenset(
-    {
-        "aten::empty",
-        "aten::empty_like",
-        "aten::empty_strided",
-        "aten::empty_permuted",
-        "aten::new_empty",
-        "aten::new_empty_strided",
-        "aten::resize_",
-    }
-)
-"""Ops whose outputs hold whatever was in memory: only their shapes and dtypes are compared."""
 
 
 class Sink(Protocol):
@@ -80,7 +68,7 @@ def dispatch_mode_class() -> type[Any]:
 
 
 class _OpInfo:
-    __slots__ = ("name", "random", "skip", "uninitialised", "written")
+    __slots__ = ("name", "random", "skip", "written")
 
     def __init__(self, func: Any) -> None:
         schema = func._schema
@@ -89,7 +77,6 @@ class _OpInfo:
         tags = getattr(func, "tags", ())
         seeded = getattr(getattr(torch, "Tag", None), "nondeterministic_seeded", None)
         self.random = seeded is not None and seeded in tags
-        self.uninitialised = schema.name in _UNINITIALISED
         self.written = tuple(
             (index, argument.name)
             for index, argument in enumerate(schema.arguments)
@@ -97,10 +84,14 @@ class _OpInfo:
         )
         returns = schema.returns
         self.skip = (
-            bool(returns)
-            and not self.written
-            and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
-        ) or schema.name.startswith("profiler::")
+            (
+                bool(returns)
+                and not self.written
+                and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
+            )
+            or schema.name in _UNCOMPUTED
+            or schema.name.startswith("profiler::")
+        )
 
 
 def _generator_state(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
@@ -115,6 +106,8 @@ def _generator_state(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -
         else:
             module = getattr(torch, device.type, None)
             generators = getattr(module, "default_generators", ())
+            if not generators:
+                return 0
             index = device.index if device.index is not None else module.current_device()
             if index >= len(generators):
                 return 0
@@ -125,15 +118,37 @@ def _generator_state(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -
     )
 
 
+_UNCOMPUTED: Final = frozenset(
+    {
+        "aten::empty",
+        "aten::empty_like",
+        "aten::empty_strided",
+        "aten::empty_permuted",
+        "aten::new_empty",
+        "aten::new_empty_strided",
+        "aten::resize_",
+        "aten::set_",
+    }
+)
+"""Ops that compute nothing, skipped like views: uninitialised memory, or a tensor
+pointed at existing memory.
+
+Their outputs are whatever was in memory (the op that fills them is
+recorded), and a DataLoader's main process runs ``empty`` + ``set_`` for each
+batch as it arrives from a worker, in arrival order, which differs from run
+to run although the loader hands batches out in order. The first op that
+reads such a tensor is where its values count.
+"""
+
 _layouts: dict[tuple[torch.dtype, tuple[int, ...]], int] = {}
 _DTYPES: dict[torch.dtype, str] = {}
 _DEVICES: dict[torch.device, str] = {}
 
 
-def _combine(outputs: list[torch.Tensor], values: bool) -> int:
+def _combine(outputs: list[torch.Tensor]) -> int:
     value = 0xCBF29CE484222325
     for tensor in outputs:
-        bits = digest(tensor) if values else None
+        bits = digest(tensor)
         key = (tensor.dtype, tuple(tensor.shape))
         shape = _layouts.get(key)
         if shape is None:
@@ -285,7 +300,7 @@ class OpRecorder:
             dtype,
             tuple(first.shape),
             device,
-            _combine(outputs, not info.uninitialised),
+            _combine(outputs),
             rng,
         )
         self.sink.add(record, outputs)
