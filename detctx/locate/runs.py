@@ -6,13 +6,15 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from detctx.context import deterministic
 from detctx.locate.divergence import Capture, Comparison, Divergence, element_difference
-from detctx.locate.recorder import OpRecorder, Sink, dispatch_mode_class
 from detctx.locate.trace import TraceWriter, read_trace
 from detctx.seeds import DEFAULT_SEED, resolve_seed, validate_seed
+
+if TYPE_CHECKING:
+    from detctx.locate.recorder import Sink
 
 __all__ = ["locate_divergence"]
 
@@ -20,6 +22,10 @@ __all__ = ["locate_divergence"]
 def _recorded(
     block: deterministic, sink: Sink, fn: Callable[..., Any], args: Any, kwargs: Any
 ) -> None:
+    # The recorder (and torch's private dispatch-mode module) loads on first use:
+    # ``import detctx`` stays as fast as without locating.
+    from detctx.locate.recorder import OpRecorder
+
     with block:
         recorder = OpRecorder(sink)
         recorder.start()
@@ -69,6 +75,8 @@ def locate_divergence(
     if runs < 2:
         raise ValueError(f"runs must be at least 2 to compare anything, got {runs}")
     block = deterministic(resolve_seed(None if seed is None else validate_seed(seed)))
+    from detctx.locate.recorder import dispatch_mode_class
+
     dispatch_mode_class()
     with tempfile.TemporaryDirectory(prefix="detctx-locate-") as folder:
         path = Path(folder) / "run1.trace"
