@@ -24,7 +24,7 @@ class Attention(nn.Module):
         q, k, v = self.qkv(x).chunk(3, dim=-1)
         scores = q @ k.transpose(-2, -1)
         # A "temperature" read from the OS: a different value in every process.
-        temperature = 1.0 + os.urandom(1)[0] / 1e6
+        temperature = 1.0 + int.from_bytes(os.urandom(4), "little") / 1e13
         return torch.softmax(scores / temperature, dim=-1) @ v
 
 

@@ -26,11 +26,16 @@ def line_of(marker: str) -> str:
     return f"test_locate.py:{numbers[0]}"
 
 
+def fresh_entropy() -> float:
+    """A float in (0, 1] from 52 bits of OS entropy: two calls agree once in 2**52."""
+    return (int.from_bytes(os.urandom(8), "little") % (1 << 52) + 1) / (1 << 52)
+
+
 class Entropy(nn.Module):
     """Mixes fresh OS entropy into what passes through it."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        jitter = float(int.from_bytes(os.urandom(4), "little") % 1000) / 1e6
+        jitter = fresh_entropy() / 1e3
         return x + jitter  # entropy mixed in
 
 
@@ -130,7 +135,7 @@ class NoisyGradient(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        jitter = 1.0 + float(os.urandom(1)[0] % 7 + 1) / 1e3
+        jitter = 1.0 + fresh_entropy() / 1e3
         return grad * jitter  # backward-only entropy
 
 
@@ -238,7 +243,7 @@ def test_check_reproducible_with_locate_puts_the_op_in_its_message():
 
 def test_check_reproducible_without_locate_records_nothing():
     with pytest.raises(detctx.NotReproducibleError) as raised:
-        detctx.check_reproducible(lambda: torch.tensor(float(os.urandom(1)[0]) + 0.5))
+        detctx.check_reproducible(lambda: torch.tensor(fresh_entropy()))
     assert "parted" not in str(raised.value)
 
 
@@ -296,7 +301,7 @@ def test_bad_arguments_are_refused_before_anything_runs(
 
 def test_check_reproducible_with_locate_says_when_no_torch_op_differed():
     with pytest.raises(detctx.NotReproducibleError) as raised:
-        detctx.check_reproducible(lambda: float(os.urandom(1)[0]) + 0.5, locate=True)
+        detctx.check_reproducible(fresh_entropy, locate=True)
     assert "no op differed when recorded" in str(raised.value)
 
 

@@ -133,7 +133,7 @@ from torch import nn
 
 class Jitter(nn.Module):
     def forward(self, x):
-        return x * (1 + os.urandom(1)[0] / 1e4)  # entropy line
+        return x * (1 + int.from_bytes(os.urandom(4), "little") / 1e13)  # entropy line
 
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(4, 4), Jitter(), nn.Linear(4, 1))
