@@ -169,7 +169,7 @@ def _recording_mode() -> type[Any]:
 
         @classmethod
         def _should_skip_dynamo(cls) -> bool:
-            # torch 2.5+ wraps a mode's __torch_dispatch__ in torch._disable_dynamo
+            # Recent torch wraps a mode's __torch_dispatch__ in torch._disable_dynamo
             # unless the mode says no (as torch/utils/_python_dispatch.py documents);
             # the wrapper costs about as much as recording a small op, and nothing
             # here is compiled.

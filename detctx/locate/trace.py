@@ -71,6 +71,7 @@ class TraceWriter:
         self._pid = os.getpid()
         self._buffer = bytearray(_HEADER.pack(MAGIC, VERSION))
         self._strings: dict[str, int] = {}
+        self._metas: dict[tuple[str, tuple[int, ...], str], int] = {}
         self.count = 0
 
     @property
@@ -87,6 +88,13 @@ class TraceWriter:
             self._buffer += b"S" + _STRING.pack(number, len(data)) + data
         return number
 
+    def _meta(self, record: OpRecord) -> int:
+        key = (record.dtype, record.shape, record.device)
+        number = self._metas.get(key)
+        if number is None:
+            number = self._metas[key] = self._string(record.meta())
+        return number
+
     def add(self, record: OpRecord, outputs: object = None) -> None:
         """Append ``record`` (``outputs``, the tensors, are not written: digests only)."""
         if self._file is None:
@@ -96,7 +104,7 @@ class TraceWriter:
             self._string(record.module_path),
             self._string(record.source),
             self._string(record.node),
-            self._string(record.meta()),
+            self._meta(record),
         )
         random = record.rng is not None
         self._buffer += b"O" + _OP.pack(*ids, record.digest, record.rng or 0, _RANDOM * random)
