@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import struct
 import subprocess
 import sys
@@ -144,13 +145,16 @@ for step in range(2):
 """
 
 
-def detctx_run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def detctx_run(
+    *args: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "detctx", "run", *args],
         capture_output=True,
         text=True,
         timeout=300,
         cwd=cwd,
+        env=env,
     )
 
 
@@ -180,3 +184,21 @@ def test_run_locate_of_a_command_that_starts_no_python_says_so_and_exits_2(tmp_p
     assert done.returncode == 2
     assert "run 1 wrote no op trace" in done.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_run_locate_of_agreeing_runs_exits_0_and_keeps_the_users_sitecustomize(tmp_path: Path):
+    hidden = tmp_path / "site"
+    hidden.mkdir()
+    (hidden / "sitecustomize.py").write_text('print("loss: 0.5 from the user sitecustomize")\n')
+    (tmp_path / "train.py").write_text(
+        "import torch\nfrom torch import nn\ntorch.manual_seed(0)\n"
+        "nn.Linear(3, 1)(torch.ones(2, 3)).sum().backward()\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(hidden)}
+
+    done = detctx_run("--locate", "--", sys.executable, "train.py", cwd=tmp_path, env=env)
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "curves agree" in done.stdout
+    assert "op traces: all 2 runs ran the same ops with the same bits." in done.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["site", "train.py"]
