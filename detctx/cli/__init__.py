@@ -165,33 +165,27 @@ def _run(
     env = determinism_env(seed, os.environ)
     shown = " ".join(f"{name}={env[name]}" for name in determinism_variables())
     sys.stderr.write(f"detctx run: {args.runs} runs of {shlex.join(command)}\n  with {shown}\n")
-    curves = []
     tracing = None
     if args.locate:
         from detctx.cli.locate import Tracing
 
         tracing = Tracing.start(args.log_dir)
-    try:
-        for index in range(1, args.runs + 1):
-            curve = run_command(
-                command,
-                env if tracing is None else tracing.env_for(index, env),
-                pattern,
-                f"run {index}",
-                log_path=log_file(args.log_dir, index),
-                echo=args.verbose,
-            )
-            if not curve.points and tracing is None:
-                raise MetricsError(no_points_message(f"the output of run {index}", pattern))
-            curves.append(curve)
-        if tracing is None:
-            return _report(compare(curves), args.plot)
-        from detctx.cli.locate import report_located
-
-        return report_located(tracing.locate(), curves, lambda c: _report(c, args.plot))
-    finally:
-        if tracing is not None:
-            tracing.close()
+    curves = []
+    for index in range(1, args.runs + 1):
+        curve = run_command(
+            command,
+            env if tracing is None else tracing.env_for(index, env),
+            pattern,
+            f"run {index}",
+            log_path=log_file(args.log_dir, index),
+            echo=args.verbose,
+        )
+        if not curve.points and tracing is None:
+            raise MetricsError(no_points_message(f"the output of run {index}", pattern))
+        curves.append(curve)
+    if tracing is not None:
+        return tracing.report(curves, lambda comparison: _report(comparison, args.plot))
+    return _report(compare(curves), args.plot)
 
 
 def _report(comparison: Comparison, plot_path: Path | None) -> int:

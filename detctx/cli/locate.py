@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Final
@@ -59,6 +60,10 @@ class Tracing:
         self.folder = folder
         self.temporary = temporary
         self.site = folder / "detctx-site"
+        # Removed by close(), or at exit when a run failed before the report.
+        self._cleanup = weakref.finalize(
+            self, shutil.rmtree, folder if temporary else self.site, ignore_errors=True
+        )
         self.site.mkdir(exist_ok=True)
         (self.site / "sitecustomize.py").write_text(_SHIM, encoding="utf-8")
         self.runs = 0
@@ -102,7 +107,14 @@ class Tracing:
 
     def close(self) -> None:
         """Remove the shim, and the traces too when they live in a temporary folder."""
-        shutil.rmtree(self.folder if self.temporary else self.site, ignore_errors=True)
+        self._cleanup()
+
+    def report(self, curves: list[Curve], report: Callable[[Comparison], int]) -> int:
+        """Locate the first differing op, print it beside the curves' report; then close."""
+        try:
+            return report_located(self.locate(), curves, report)
+        finally:
+            self.close()
 
 
 def report_located(
