@@ -74,7 +74,10 @@ def check_reproducible(
         from detctx.locate import locate_divergence
 
         found = locate_divergence(fn, *args, runs=runs, seed=resolved, **kwargs)
-        located = "no op differed when recorded (the difference is outside torch ops)"
+        located = (
+            "no op differed when the runs were recorded again: the difference comes from "
+            "outside torch ops (Python or NumPy values) or did not recur"
+        )
         exc.args = (f"{exc.args[0]}\n{located if found is None else found}", *exc.args[1:])
         raise
 

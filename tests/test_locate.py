@@ -302,7 +302,7 @@ def test_bad_arguments_are_refused_before_anything_runs(
 def test_check_reproducible_with_locate_says_when_no_torch_op_differed():
     with pytest.raises(detctx.NotReproducibleError) as raised:
         detctx.check_reproducible(fresh_entropy, locate=True)
-    assert "no op differed when recorded" in str(raised.value)
+    assert "no op differed when the runs were recorded again" in str(raised.value)
 
 
 def test_check_reproducible_refuses_a_locate_that_is_not_a_bool():
