@@ -34,6 +34,7 @@ SCENARIOS = {
     "cuda": "benchmarks.cuda",
     "first_block": "benchmarks.s7_first_block",
     "pytest_startup": "benchmarks.s8_pytest_startup",
+    "locate": "benchmarks.s9_locate",
 }
 
 

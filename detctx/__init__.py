@@ -37,7 +37,9 @@ if TYPE_CHECKING:
         OutOfOrderExitError,
         RankDivergenceError,
         SeedMismatchError,
+        TraceError,
     )
+    from detctx.locate import Divergence, locate_divergence
     from detctx.probe import ProbeOp, ProbeReport, ProbeRow, run_probe
     from detctx.region import DeterministicRegion, deterministic_region
     from detctx.seeds import DEFAULT_SEED, SEED_ENV, derive_seed, group_seed
@@ -80,7 +82,9 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "OutOfOrderExitError",
         "RankDivergenceError",
         "SeedMismatchError",
+        "TraceError",
     ),
+    "detctx.locate": ("Divergence", "locate_divergence"),
     "detctx.probe": ("ProbeOp", "ProbeReport", "ProbeRow", "run_probe"),
     "detctx.region": ("DeterministicRegion", "deterministic_region"),
     "detctx.seeds": ("DEFAULT_SEED", "SEED_ENV", "derive_seed", "group_seed"),
@@ -113,6 +117,7 @@ __all__ = [
     "DeterministicRegion",
     "DistributedRun",
     "DistributedSeeding",
+    "Divergence",
     "EnvSwitchOptions",
     "MetricsError",
     "MissingDependencyError",
@@ -130,6 +135,7 @@ __all__ = [
     "Seeding",
     "Snapshot",
     "SwitchOptions",
+    "TraceError",
     "__version__",
     "agree_seed",
     "capture",
@@ -143,6 +149,7 @@ __all__ = [
     "fingerprint",
     "group_seed",
     "loader_generator",
+    "locate_divergence",
     "open_blocks",
     "prepare_environment",
     "register_accelerator",

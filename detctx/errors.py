@@ -12,6 +12,7 @@ __all__ = [
     "OutOfOrderExitError",
     "RankDivergenceError",
     "SeedMismatchError",
+    "TraceError",
 ]
 
 
@@ -128,3 +129,13 @@ class DeterminismUnavailableError(DetctxError, RuntimeError):
     """The device refused a determinism setting a block asked for (``npu_level=3`` on a
     chip or runtime without batch consistency, say); the block was not entered and
     nothing was left changed. The message names a setting that works."""
+
+
+class TraceError(DetctxError, ValueError):
+    """An op trace (written by ``detctx run --locate``) cannot be read back.
+
+    The message names the file, the byte offset and what is wrong: not a
+    trace, another format version, a record cut short (the run was killed
+    or left through ``os._exit`` before its trace was closed), or a record
+    that does not make sense. Run again to record a fresh trace.
+    """

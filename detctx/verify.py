@@ -27,6 +27,7 @@ def check_reproducible(
     runs: int = 2,
     seed: int | None = DEFAULT_SEED,
     check_rng: bool = True,
+    locate: bool = False,
     **kwargs: Any,
 ) -> T:
     """Run ``fn(*args, **kwargs)`` ``runs`` times and prove the results are identical.
@@ -51,15 +52,45 @@ def check_reproducible(
     :class:`~detctx.errors.NotReproducibleError` naming the first differing
     leaf (``result["logits"][3]``), how many of its elements differ and the
     largest absolute difference, or the RNG sources left in different
-    states. ``fn``'s own keyword arguments named ``runs``, ``seed`` or
-    ``check_rng`` must be bound with ``functools.partial``.
+    states. With ``locate=True``, a failure runs ``fn`` again under
+    :func:`detctx.locate_divergence` and the error's message ends with the
+    first op where the runs part (op, module path, source line). ``fn``'s own
+    keyword arguments named ``runs``, ``seed``, ``check_rng`` or ``locate``
+    must be bound with ``functools.partial``.
     """
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
     runs = _check_runs(runs)
     if not isinstance(check_rng, bool):
         raise TypeError(f"check_rng must be True or False, got {check_rng!r}")
-    block = deterministic(resolve_seed(None if seed is None else validate_seed(seed)))
+    if not isinstance(locate, bool):
+        raise TypeError(f"locate must be True or False, got {locate!r}")
+    resolved = resolve_seed(None if seed is None else validate_seed(seed))
+    if not locate:
+        return _check(fn, args, kwargs, runs, resolved, check_rng)
+    try:
+        return _check(fn, args, kwargs, runs, resolved, check_rng)
+    except NotReproducibleError as exc:
+        from detctx.locate import locate_divergence
+
+        found = locate_divergence(fn, *args, runs=runs, seed=resolved, **kwargs)
+        located = (
+            "no op differed when the runs were recorded again: the difference comes from "
+            "outside torch ops (Python or NumPy values) or did not recur"
+        )
+        exc.args = (f"{exc.args[0]}\n{located if found is None else found}", *exc.args[1:])
+        raise
+
+
+def _check(
+    fn: Callable[..., T],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    runs: int,
+    seed: int,
+    check_rng: bool,
+) -> T:
+    block = deterministic(seed)
 
     first: T | None = None
     reference: Any = None

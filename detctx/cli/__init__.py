@@ -88,7 +88,7 @@ def _parser() -> argparse.ArgumentParser:
         parents=[curve_options],
         help="run a command several times with the determinism environment; compare curves",
         usage="detctx run [-n N] [--seed S] [--pattern RE] [--plot FILE.png] "
-        "[--log-dir DIR] [-v] -- CMD ...",
+        "[--log-dir DIR] [-v] [--locate] -- CMD ...",
     )
     run.add_argument("-n", "--runs", type=int, default=2, help="how many runs (default 2)")
     run.add_argument(
@@ -98,6 +98,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--log-dir", type=Path, help="keep each run's output as DIR/runN.log")
     run.add_argument("-v", "--verbose", action="store_true", help="show the command's output")
+    run.add_argument(
+        "--locate",
+        action="store_true",
+        help="record every op's digest in each run (Python commands) and name the first op "
+        "where the runs part, with its module and source line",
+    )
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
 
     compare_ = commands.add_parser(
@@ -181,19 +187,26 @@ def _run(
     env = determinism_env(seed, os.environ)
     shown = " ".join(f"{name}={env[name]}" for name in determinism_variables())
     sys.stderr.write(f"detctx run: {args.runs} runs of {shlex.join(command)}\n  with {shown}\n")
+    tracing = None
+    if args.locate:
+        from detctx.cli.locate import Tracing
+
+        tracing = Tracing.start(args.log_dir)
     curves = []
     for index in range(1, args.runs + 1):
         curve = run_command(
             command,
-            env,
+            env if tracing is None else tracing.env_for(index, env),
             pattern,
             f"run {index}",
             log_path=log_file(args.log_dir, index),
             echo=args.verbose,
         )
-        if not curve.points:
+        if not curve.points and tracing is None:
             raise MetricsError(no_points_message(f"the output of run {index}", pattern))
         curves.append(curve)
+    if tracing is not None:
+        return tracing.report(curves, lambda comparison: _report(comparison, args.plot))
     return _report(compare(curves), args.plot)
 
 
