@@ -133,12 +133,33 @@ def as_source(obj: object) -> RNGSource:
     if isinstance(obj, np.random.Generator):
         return NumpyGeneratorSource(obj)
     if isinstance(obj, RNGSource):
+        _check_protocol(obj)
         return obj
     raise TypeError(
         f"cannot manage {type(obj).__name__!r} as an RNG source: pass a torch.Generator, "
         "random.Random, numpy RandomState or Generator, or an object with "
         "capture(), restore(state) and seed(seed) methods"
     )
+
+
+_OPTIONAL_METHODS = ("validate_state", "state_to_plain", "state_from_plain")
+
+
+def _check_protocol(obj: object) -> None:
+    """Refuse a source whose protocol methods exist but cannot be called."""
+    required = [name for name in ("capture", "restore", "seed") if not callable(getattr(obj, name))]
+    optional = [
+        name
+        for name in _OPTIONAL_METHODS
+        if hasattr(obj, name) and not callable(getattr(obj, name))
+    ]
+    if required or optional:
+        raise TypeError(
+            f"cannot manage {type(obj).__name__!r} as an RNG source: "
+            f"{', '.join(required + optional)} must be method(s), not "
+            f"{', '.join(type(getattr(obj, name)).__name__ for name in required + optional)}; "
+            "an RNG source needs callable capture(), restore(state) and seed(seed)"
+        )
 
 
 _BUILTIN: dict[str, RNGSource] = {

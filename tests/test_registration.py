@@ -1,0 +1,67 @@
+"""Registering a source or an accelerator fails at the call, with nothing registered."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import detctx
+
+
+class _NotCallable:
+    capture = 1
+    restore = "restore"
+    seed = 2.5
+
+
+class _GoodSource:
+    def __init__(self) -> None:
+        self.value = 0
+
+    def capture(self) -> Any:
+        return self.value
+
+    def restore(self, state: Any) -> None:
+        self.value = state
+
+    def seed(self, seed: int) -> None:
+        self.value = seed
+
+
+class _BadValidator(_GoodSource):
+    validate_state = 3
+
+
+def test_a_source_whose_methods_are_not_callable_is_refused_at_registration() -> None:
+    with pytest.raises(TypeError, match=r"capture, restore, seed must be method"):
+        detctx.register_source("broken", _NotCallable())
+    with detctx.deterministic(seed=1):  # nothing was registered: blocks still work
+        pass
+    detctx.register_source("broken", _GoodSource())
+    detctx.unregister_source("broken")
+
+
+def test_a_source_with_a_validate_state_that_is_not_callable_is_refused() -> None:
+    with pytest.raises(TypeError, match="validate_state"):
+        detctx.register_source("broken", _BadValidator())
+
+
+@pytest.mark.parametrize("name", ["nonexistent", "CPU", "cuda:0", "meta", "python", "hpu", " cuda"])
+def test_register_accelerator_refuses_a_name_torch_has_no_device_module_for(name: str) -> None:
+    with pytest.raises(ValueError, match="device module|device type"):
+        detctx.register_accelerator(name)
+    if name != "python":  # the name was not taken: a user source may still use it
+        detctx.register_source(name, _GoodSource())
+        detctx.unregister_source(name)
+
+
+def test_register_accelerator_names_the_rng_functions_a_device_module_lacks() -> None:
+    with pytest.raises(ValueError, match="manual_seed_all"):
+        detctx.register_accelerator("mps")
+
+
+def test_register_accelerator_accepts_a_device_type_with_the_rng_functions() -> None:
+    detctx.register_accelerator("cuda")  # a CPU build still has torch.cuda's functions
+    with detctx.deterministic(seed=1):
+        pass
