@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 import pytest
+import torch
 
 import detctx
 
@@ -56,9 +58,15 @@ def test_register_accelerator_refuses_a_name_torch_has_no_device_module_for(name
         detctx.unregister_source(name)
 
 
-def test_register_accelerator_names_the_rng_functions_a_device_module_lacks() -> None:
-    with pytest.raises(ValueError, match="manual_seed_all"):
-        detctx.register_accelerator("mps")
+def test_register_accelerator_names_the_rng_functions_a_device_module_lacks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    half_backend = types.ModuleType("half_backend")
+    half_backend.is_available = lambda: True  # type: ignore[attr-defined]
+    half_backend.get_rng_state = lambda device=0: torch.zeros(8, dtype=torch.uint8)  # type: ignore[attr-defined]
+    monkeypatch.setattr(torch, "hpu", half_backend, raising=False)
+    with pytest.raises(ValueError, match=r"set_rng_state, manual_seed_all \(or manual_seed\)"):
+        detctx.register_accelerator("hpu")
 
 
 def test_register_accelerator_accepts_a_device_type_with_the_rng_functions() -> None:
