@@ -73,6 +73,12 @@ class NumpyRandomStateSource:
             self._rng = np.random.mtrand._rand
         return self._rng
 
+    @property
+    def bit_generator(self) -> np.random.BitGenerator:
+        """The bit generator under the ``RandomState``."""
+        bit_generator: np.random.BitGenerator = self._target()._bit_generator
+        return bit_generator
+
     def capture(self) -> Any:
         return self._target().get_state()
 
@@ -89,6 +95,11 @@ class NumpyGeneratorSource:
 
     def __init__(self, rng: np.random.Generator) -> None:
         self._bit_generator = rng.bit_generator
+
+    @property
+    def bit_generator(self) -> np.random.BitGenerator:
+        """The ``Generator``'s bit generator."""
+        return self._bit_generator
 
     def capture(self) -> Any:
         return self._bit_generator.state
@@ -111,6 +122,11 @@ class TorchGeneratorSource:
 
     def __init__(self, generator: torch.Generator | None = None) -> None:
         self._generator = generator if generator is not None else torch.default_generator
+
+    @property
+    def device(self) -> torch.device:
+        """The device of the generator."""
+        return self._generator.device
 
     def capture(self) -> Any:
         return self._generator.get_state()

@@ -51,7 +51,7 @@ def test_a_source_with_a_validate_state_that_is_not_callable_is_refused() -> Non
 
 @pytest.mark.parametrize("name", ["nonexistent", "CPU", "cuda:0", "meta", "python", "hpu", " cuda"])
 def test_register_accelerator_refuses_a_name_torch_has_no_device_module_for(name: str) -> None:
-    with pytest.raises(ValueError, match="device module|device type"):
+    with pytest.raises(ValueError, match=r"device module|device type"):
         detctx.register_accelerator(name)
     if name != "python":  # the name was not taken: a user source may still use it
         detctx.register_source(name, _GoodSource())
