@@ -18,7 +18,7 @@ from detctx import frames
 from detctx.decorators import decorate
 from detctx.seeds import DEFAULT_SEED
 from detctx.settings import Seeding, Settings
-from detctx.snapshot import active_sources
+from detctx.snapshot import Snapshot, active_sources
 from detctx.switches import SwitchOptions
 
 __all__ = ["deterministic", "open_blocks", "seed_all"]
@@ -115,7 +115,9 @@ def seed_all(seed: int | None = DEFAULT_SEED, **switches: Unpack[SwitchOptions])
     """Seed everything and switch determinism on, for good (MindSpeed's ``seed_all``).
 
     The same seeding, switches and environment variables as entering
-    :class:`deterministic` with the same arguments; nothing is ever restored.
+    :class:`deterministic` with the same arguments; nothing is ever restored,
+    unless seeding fails (a registered source's ``seed`` raises): then every
+    RNG, flag and variable is put back before the error is raised.
     Returns the :class:`~detctx.settings.Seeding` (its ``seed`` is the one used)::
 
         detctx.seed_all(1234)        # at the top of a training script
@@ -124,7 +126,13 @@ def seed_all(seed: int | None = DEFAULT_SEED, **switches: Unpack[SwitchOptions])
     resolved = settings.resolve_seed()
     frames.acquire()
     try:
-        return settings.apply(active_sources(), resolved)
+        sources = active_sources()
+        before = Snapshot.capture(sources, switches=True)
+        try:
+            return settings.apply(sources, resolved, before)
+        except BaseException:
+            before.restore()  # a source that cannot be seeded: nothing is left half-seeded
+            raise
     finally:
         frames.release()
 

@@ -22,6 +22,7 @@ is raised in each affected block.
 from __future__ import annotations
 
 import contextvars
+import os
 import threading
 import warnings
 from collections.abc import Callable
@@ -214,3 +215,26 @@ def unpark(parked: Parked) -> None:
         _lock.acquire()
     _stack.extend(parked.frames)
     _entered.set(_entered.get() + parked.entered)
+
+
+def _after_fork_in_child() -> None:
+    """Forget the blocks of the parent's other threads in a forked child.
+
+    A lock held by another thread at ``os.fork()`` stays held for ever in the
+    child, where that thread does not exist, and the child's first block
+    would wait on it without end. The forking thread's own blocks (a
+    ``DataLoader`` worker forked inside a block, say) are the child's too and
+    are kept: then the lock is the child's to take.
+    """
+    global _lock
+    if _lock.acquire(blocking=False):
+        _lock.release()
+        return
+    _lock = threading.RLock()
+    for frame in _stack:
+        frame.closed = True
+    del _stack[:]
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows
+    os.register_at_fork(after_in_child=_after_fork_in_child)
