@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 from collections.abc import Iterator
@@ -107,25 +108,31 @@ def test_a_child_forked_inside_a_block_still_exits_that_block() -> None:
     assert "child exit 0" in output
 
 
-def test_a_block_closed_by_a_decorated_generator_stays_closed_on_later_steps() -> None:
+def _seeds() -> tuple[int, ...]:
+    return tuple(seeding.seed for seeding in detctx.open_blocks())
+
+
+@pytest.mark.parametrize("caller_in_a_block", [False, True])
+def test_a_block_closed_by_a_decorated_generator_stays_closed_on_later_steps(
+    caller_in_a_block: bool,
+) -> None:
     seen: list[tuple[int, ...]] = []
 
     @detctx.deterministic(seed=1)
     def steps() -> Iterator[int]:
         with detctx.deterministic(seed=2):
-            seen.append(tuple(s.seed for s in detctx.open_blocks()))
+            seen.append(_seeds())
             yield 1
-            seen.append(tuple(s.seed for s in detctx.open_blocks()))
+            seen.append(_seeds())
         yield 2
-        seen.append(tuple(s.seed for s in detctx.open_blocks()))
+        seen.append(_seeds())
         yield 3
-        seen.append(tuple(s.seed for s in detctx.open_blocks()))
+        seen.append(_seeds())
 
-    with detctx.deterministic(seed=9):
-        outside = []
-        for _ in steps():
-            outside.append(tuple(s.seed for s in detctx.open_blocks()))
+    outer = (9,) if caller_in_a_block else ()
+    with detctx.deterministic(seed=9) if caller_in_a_block else contextlib.nullcontext():
+        between = [_seeds() for _ in steps()]
 
-    assert seen == [(9, 2), (9, 2), (9,), (9,)]
-    assert outside == [(9,), (9,), (9,)]
+    assert seen == [(*outer, 2), (*outer, 2), outer, outer]
+    assert between == [outer, outer, outer]
     assert detctx.open_blocks() == ()
