@@ -82,7 +82,12 @@ class deterministic:
     def __enter__(self) -> Seeding:
         settings = self._settings
         seed = settings.resolve_seed()
-        return frames.enter(self, lambda sources, current: settings.apply(sources, seed, current))
+        depth = len(frames.context_frames())
+        try:
+            return frames.enter(self, lambda sources, now: settings.apply(sources, seed, now))
+        except BaseException:
+            frames.abandon(self, depth)  # interrupted on the way out of enter
+            raise
 
     def __exit__(
         self,

@@ -19,7 +19,7 @@ from collections.abc import AsyncGenerator, Callable, Coroutine, Generator
 from types import TracebackType
 from typing import Any, Protocol
 
-from detctx import frames
+from detctx import frames, interrupts
 from detctx.settings import Seeding, Settings
 from detctx.snapshot import Snapshot, active_sources
 from detctx.sources import RNGSource
@@ -156,6 +156,15 @@ class _World:
 
     def resume(self) -> None:
         """Save the caller's world and put the body's in (seeding it on the first step)."""
+        held = interrupts.hold()
+        try:
+            self._swap_in()
+            if held and interrupts.pending():
+                self.suspend(False)  # interrupted before the step: undone, then raised
+        finally:
+            interrupts.let_go(held)
+
+    def _swap_in(self) -> None:
         saved = self._saved
         seed = self._settings.resolve_seed() if saved is None else 0
         frames.acquire()
@@ -182,9 +191,14 @@ class _World:
             frames.unpark(self._parked)
 
     def suspend(self, finished: bool) -> None:
-        """Save the body's world (unless ``finished``) and put the caller's back."""
+        """Save the body's world (unless ``finished``) and put the caller's back.
+
+        Does nothing if the world is not swapped in (a resume that was interrupted).
+        """
         caller, since = self._caller, self._position
-        assert caller is not None and since is not None
+        if caller is None or since is None:
+            return
+        held = interrupts.hold()
         self._caller = self._position = None
         try:
             self._parked = frames.park(since)
@@ -196,6 +210,7 @@ class _World:
                 caller.restore(unchanged=saved)
         finally:
             frames.release()
+            interrupts.let_go(held)
 
 
 def _drive(world: _World, steps: Any, returns_at_end: bool) -> Generator[Any, Any, Any]:
@@ -209,8 +224,8 @@ def _drive(world: _World, steps: Any, returns_at_end: bool) -> Generator[Any, An
     value: Any = None
     error: BaseException | None = None
     while True:
-        world.resume()
         try:
+            world.resume()
             if error is None:
                 item = send(value)
             else:

@@ -28,6 +28,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from detctx import interrupts
 from detctx.errors import DeterminismWarning, OutOfOrderExitError
 from detctx.settings import Seeding
 from detctx.snapshot import Snapshot, active_sources
@@ -111,24 +112,43 @@ def enter(
 
     ``apply(sources, snapshot)`` seeds the sources and sets the switches
     (:meth:`~detctx.settings.Settings.apply`). On any failure everything is
-    put back and the lock released before the error propagates.
+    put back and the lock released before the error propagates. A SIGINT
+    that arrives meanwhile is held off (:mod:`detctx.interrupts`); the entry
+    is then undone and ``KeyboardInterrupt`` raised, as if it came first.
     """
-    acquire()
+    held = interrupts.hold()
     try:
-        sources = active_sources()
-        snapshot = Snapshot.capture(sources, switches=True)
+        acquire()
         try:
-            seeding = apply(sources, snapshot)
+            sources = active_sources()
+            snapshot = Snapshot.capture(sources, switches=True)
+            try:
+                seeding = apply(sources, snapshot)
+            except BaseException:
+                snapshot.restore()
+                raise
+            frame = Frame(owner, snapshot, seeding)
+            _stack.append(frame)
+            _entered.set((*_entered.get(), frame))
         except BaseException:
-            snapshot.restore()
+            _lock.release()
             raise
-        frame = Frame(owner, snapshot, seeding)
-        _stack.append(frame)
-        _entered.set((*_entered.get(), frame))
-    except BaseException:
-        _lock.release()
-        raise
+        if held and interrupts.pending():
+            exit(owner)
+    finally:
+        interrupts.let_go(held)
     return seeding
+
+
+def abandon(owner: object, depth: int) -> None:
+    """Exit ``owner``'s entry if it was made after this context had ``depth`` blocks.
+
+    For an interrupt raised just after :func:`enter` returned, before the
+    caller could take the entry: without it the block would stay open.
+    """
+    entered = _entered.get()
+    if len(entered) > depth and entered[-1].owner is owner:
+        exit(owner)
 
 
 def exit(owner: object) -> None:
@@ -140,11 +160,15 @@ def exit(owner: object) -> None:
     else:
         raise OutOfOrderExitError(f"{owner!r} was exited without being entered in this context")
     frame = entered[index]
-    _entered.set(entered[:index] + entered[index + 1 :])
+    held = interrupts.hold()
     try:
-        _close(frame)
+        _entered.set(entered[:index] + entered[index + 1 :])
+        try:
+            _close(frame)
+        finally:
+            _lock.release()
     finally:
-        _lock.release()
+        interrupts.let_go(held)
 
 
 def _close(frame: Frame) -> None:

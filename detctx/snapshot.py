@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from detctx import state_dict
+from detctx import interrupts, state_dict
 from detctx.accelerators import Uninitialised, active_accelerators
 from detctx.sources import RNGSource, registered_sources, registry_version
 from detctx.switches import SWITCHES, Switch
@@ -112,14 +112,18 @@ class Snapshot(Mapping[str, Any]):
         if not self._atomic:
             self._restore_parts(unchanged)
             return
-        before = Snapshot(
-            {name: (source, source.capture()) for name, (source, _) in self._rng.items()}
-        )
+        held = interrupts.hold()
         try:
-            self._restore_parts(unchanged)
-        except BaseException:
-            before._restore_parts(None)
-            raise
+            before = Snapshot(
+                {name: (source, source.capture()) for name, (source, _) in self._rng.items()}
+            )
+            try:
+                self._restore_parts(unchanged)
+            except BaseException:
+                before._restore_parts(None)
+                raise
+        finally:
+            interrupts.let_go(held)
 
     def _restore_parts(self, unchanged: Snapshot | None) -> None:
         first_error: BaseException | None = None
