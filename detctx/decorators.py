@@ -226,6 +226,11 @@ def _drive(world: _World, steps: Any, returns_at_end: bool) -> Generator[Any, An
     while True:
         try:
             world.resume()
+        except BaseException:  # a KeyboardInterrupt held off during the swap
+            world.suspend(True)
+            _close_in(world, steps)
+            raise
+        try:
             if error is None:
                 item = send(value)
             else:
@@ -237,7 +242,11 @@ def _drive(world: _World, steps: Any, returns_at_end: bool) -> Generator[Any, An
         except BaseException:
             world.suspend(True)
             raise
-        world.suspend(False)
+        try:
+            world.suspend(False)
+        except BaseException:  # a KeyboardInterrupt held off during the swap
+            _close_in(world, steps)
+            raise
         try:
             value = yield item
         except GeneratorExit:
@@ -246,14 +255,19 @@ def _drive(world: _World, steps: Any, returns_at_end: bool) -> Generator[Any, An
                 # caller left to protect, and torch may already be torn down.
                 steps.close()
                 raise
-            world.resume()
-            try:
-                steps.close()
-            finally:
-                world.suspend(True)
+            _close_in(world, steps)
             raise
         except BaseException as exc:
             error = exc
+
+
+def _close_in(world: _World, steps: Any) -> None:
+    """Close the body in its own world, so that its ``finally`` and ``with`` exits run there."""
+    world.resume()
+    try:
+        steps.close()
+    finally:
+        world.suspend(True)
 
 
 class _Steps:
