@@ -14,7 +14,7 @@ from typing import Any, TypeVar, overload
 
 from typing_extensions import Unpack
 
-from detctx import frames
+from detctx import frames, interrupts
 from detctx.decorators import decorate
 from detctx.seeds import DEFAULT_SEED
 from detctx.settings import Seeding, Settings
@@ -89,6 +89,7 @@ class deterministic:
             frames.abandon(self, depth)  # interrupted on the way out of enter
             raise
 
+    @interrupts.edge
     def __exit__(
         self,
         exc_type: type[BaseException] | None,

@@ -154,15 +154,18 @@ class _World:
         self._position: frames.Position | None = None
         self.seeding: Seeding | None = None
 
+    @interrupts.edge
     def resume(self) -> None:
         """Save the caller's world and put the body's in (seeding it on the first step)."""
         held = interrupts.hold()
+        opened = 0
         try:
             self._swap_in()
+            opened = 1
             if held and interrupts.pending():
                 self.suspend(False)  # interrupted before the step: undone, then raised
         finally:
-            interrupts.let_go(held)
+            interrupts.let_go(held, opened)
 
     def _swap_in(self) -> None:
         saved = self._saved
@@ -190,6 +193,7 @@ class _World:
         if self._parked is not None:
             frames.unpark(self._parked)
 
+    @interrupts.edge
     def suspend(self, finished: bool) -> None:
         """Save the body's world (unless ``finished``) and put the caller's back.
 
@@ -210,7 +214,7 @@ class _World:
                 caller.restore(unchanged=saved)
         finally:
             frames.release()
-            interrupts.let_go(held)
+            interrupts.let_go(held, -1)
 
 
 def _drive(world: _World, steps: Any, returns_at_end: bool) -> Generator[Any, Any, Any]:
@@ -228,7 +232,8 @@ def _drive(world: _World, steps: Any, returns_at_end: bool) -> Generator[Any, An
             world.resume()
         except BaseException:  # a KeyboardInterrupt held off during the swap
             world.suspend(True)
-            _close_in(world, steps)
+            if _suspended(steps):
+                _close_in(world, steps)
             raise
         try:
             if error is None:
@@ -241,6 +246,8 @@ def _drive(world: _World, steps: Any, returns_at_end: bool) -> Generator[Any, An
             return stop.value
         except BaseException:
             world.suspend(True)
+            if _suspended(steps):  # interrupted just after the step, not raised by the body
+                _close_in(world, steps)
             raise
         try:
             world.suspend(False)
@@ -261,6 +268,16 @@ def _drive(world: _World, steps: Any, returns_at_end: bool) -> Generator[Any, An
             error = exc
 
 
+def _suspended(steps: Any) -> bool:
+    """Whether a generator or coroutine body is suspended at a yield or an await."""
+    if inspect.isgenerator(steps):
+        return inspect.getgeneratorstate(steps) == inspect.GEN_SUSPENDED
+    if inspect.iscoroutine(steps):
+        return inspect.getcoroutinestate(steps) == inspect.CORO_SUSPENDED
+    return False
+
+
+@interrupts.edge
 def _close_in(world: _World, steps: Any) -> None:
     """Close the body in its own world, so that its ``finally`` and ``with`` exits run there."""
     world.resume()

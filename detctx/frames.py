@@ -117,6 +117,7 @@ def enter(
     is then undone and ``KeyboardInterrupt`` raised, as if it came first.
     """
     held = interrupts.hold()
+    opened = 0
     try:
         acquire()
         try:
@@ -130,13 +131,14 @@ def enter(
             frame = Frame(owner, snapshot, seeding)
             _stack.append(frame)
             _entered.set((*_entered.get(), frame))
+            opened = 1
         except BaseException:
             _lock.release()
             raise
         if held and interrupts.pending():
             exit(owner)
     finally:
-        interrupts.let_go(held)
+        interrupts.let_go(held, opened)
     return seeding
 
 
@@ -151,6 +153,7 @@ def abandon(owner: object, depth: int) -> None:
         exit(owner)
 
 
+@interrupts.edge
 def exit(owner: object) -> None:
     """Exit the innermost block ``owner`` entered in this context, restoring its snapshot."""
     entered = _entered.get()
@@ -168,7 +171,7 @@ def exit(owner: object) -> None:
         finally:
             _lock.release()
     finally:
-        interrupts.let_go(held)
+        interrupts.let_go(held, -1)
 
 
 def _close(frame: Frame) -> None:

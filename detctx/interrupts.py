@@ -2,73 +2,116 @@
 
 A ``KeyboardInterrupt`` raised between NumPy's reseed and its key copy, or
 between a world swap's capture and its restore, leaves the process half
-restored. So the critical sections of entry, exit and world swaps *hold*
-SIGINT: in the main thread (the only one Python runs signal handlers in),
-SIGINT's handler is swapped for one that only records the signal, once per
-outermost section, and put back when the section ends; a recorded signal is
-then handed to the original handler, which raises ``KeyboardInterrupt`` with
-the state whole. Signals other than SIGINT, a handler that is not a Python
-callable (``SIG_IGN``, ``SIG_DFL``) and other threads are left alone.
+restored; one raised as a ``with`` block's ``__exit__`` starts leaves the
+block open and the lock held. So, in the main thread (the only one Python
+runs signal handlers in), while a block is open or a decorated generator's
+world is swapped in, SIGINT's handler is detctx's: it hands the signal on at
+once, except inside a critical section (entry, exit, a world swap, an atomic
+restore: between :func:`hold` and :func:`let_go`) or at the first
+instructions of the functions that lead into one (marked with
+:func:`edge`). There it records the signal, and the end of the section hands
+it to the original handler, which raises ``KeyboardInterrupt`` with the
+state whole.
+
+The handler is swapped once per outermost block or step, not per section.
+What it costs the user: while a block is open, ``signal.getsignal(SIGINT)``
+is detctx's handler (``asyncio.run`` started inside a block then leaves
+SIGINT to it), and a handler the user installs inside a block stays in
+place, unprotected. Other threads, other signals, and a SIGINT handler that
+is not a Python callable (``SIG_IGN``, ``SIG_DFL``) are left alone.
+
+Why the function starts matter: CPython runs Python signal handlers at
+function entry, so a SIGINT that arrives as a ``with`` body ends raises in
+the first instruction of ``__exit__``, before any ``try`` in it can run
+(``python -X dev`` and a loop of empty ``with`` blocks under ``kill -INT``
+show it within seconds).
 """
 
 from __future__ import annotations
 
 import signal
 import threading
-from types import FrameType
-from typing import Any
+from collections.abc import Callable
+from types import CodeType, FrameType
+from typing import Any, TypeVar
 
-__all__ = ["hold", "let_go", "pending"]
+__all__ = ["edge", "hold", "let_go", "pending"]
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 _MAIN = threading.main_thread().ident
-_depth = 0
-_previous: Any = None
-_pending: FrameType | bool | None = False
+_EDGES: set[CodeType] = set()
+_depth = 0  # sections held now
+_open = 0  # blocks entered and worlds swapped in, in the main thread
+_previous: Any = None  # the handler in place before detctx's, while detctx's is installed
+_pending = False
 
 
-def _record(signum: int, frame: FrameType | None) -> None:
+def edge(func: F) -> F:
+    """Mark ``func`` as leading into a critical section: a SIGINT at its start is held."""
+    _EDGES.add(func.__code__)
+    return func
+
+
+def _handler(signum: int, frame: FrameType | None) -> None:
     global _pending
-    _pending = frame if frame is not None else True
+    if _depth or (frame is not None and frame.f_code in _EDGES):
+        _pending = True
+        return
+    (_previous or signal.default_int_handler)(signum, frame)
 
 
+def _install() -> bool:
+    global _previous
+    current = signal.getsignal(signal.SIGINT)
+    if not callable(current) or current is _handler:
+        return False
+    signal.signal(signal.SIGINT, _handler)
+    _previous = current
+    return True
+
+
+@edge
 def hold() -> bool:
     """Hold SIGINT off until :func:`let_go`; returns whether this call holds it.
 
-    Cheap: a thread check and, for the outermost hold, one handler swap.
+    In the main thread only; cheap while detctx's handler is installed (a
+    thread check and a counter).
     """
-    global _depth, _previous
-    if _depth:
-        if threading.get_ident() != _MAIN:
-            return False
-        _depth += 1
-        return True
+    global _depth
     if threading.get_ident() != _MAIN:
         return False
-    previous = signal.signal(signal.SIGINT, _record)
-    if not callable(previous):
-        signal.signal(signal.SIGINT, previous)
+    if _previous is None and not _install():
         return False
-    _previous = previous
-    _depth = 1
+    _depth += 1
     return True
 
 
 def pending() -> bool:
     """Whether a SIGINT arrived during the current hold."""
-    return _pending is not False
+    return _pending
 
 
-def let_go(held: bool) -> None:
-    """End a :func:`hold`; the outermost one hands a recorded SIGINT to the original handler."""
-    global _depth, _previous, _pending
+@edge
+def let_go(held: bool, opened: int = 0) -> None:
+    """End a :func:`hold`; ``opened``: blocks or worlds it opened (1) or closed (-1).
+
+    The outermost section hands a recorded SIGINT on (``KeyboardInterrupt``
+    is raised here, with the state whole), and puts the original handler
+    back once nothing is open.
+    """
+    global _depth, _open, _previous, _pending
     if not held:
         return
+    _open = max(_open + opened, 0)
     _depth -= 1
     if _depth:
         return
-    previous, _previous = _previous, None
-    signal.signal(signal.SIGINT, previous)
-    if _pending is not False:
-        frame = _pending if isinstance(_pending, FrameType) else None
+    previous = _previous
+    if not _open:
+        _previous = None
+        if signal.getsignal(signal.SIGINT) is _handler:
+            signal.signal(signal.SIGINT, previous)
+    if _pending:
         _pending = False
-        previous(signal.SIGINT, frame)
+        previous(signal.SIGINT, None)
