@@ -12,20 +12,11 @@ import json
 import random
 import sys
 import tracemalloc
-from collections.abc import Iterator
 
 import numpy as np
-import torch
+from hammer_interrupts import augment
 
 import detctx
-
-
-@detctx.deterministic(seed=5)
-def augment() -> Iterator[float]:
-    while True:
-        with detctx.deterministic(seed=6):
-            yield float(np.random.rand())
-        yield random.random() + torch.rand(1).item()
 
 
 def rss_kib() -> int:

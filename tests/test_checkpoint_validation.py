@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import DETERMINISM_ENV, run_python
+from conftest import DETERMINISM_ENV, CounterSource, run_python
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -179,20 +179,8 @@ def test_a_numpy_generator_state_out_of_range_is_refused() -> None:
         detctx.unregister_source("augment")
 
 
-class _Counter:
+class _Counter(CounterSource):
     """A user RNG with its own check of a saved state."""
-
-    def __init__(self) -> None:
-        self.value = 0
-
-    def capture(self) -> int:
-        return self.value
-
-    def restore(self, state: int) -> None:
-        self.value = state
-
-    def seed(self, seed: int) -> None:
-        self.value = seed
 
     def validate_state(self, state: object) -> None:
         if not isinstance(state, int) or state < 0:

@@ -10,22 +10,13 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import torch
-from conftest import DETERMINISM_ENV, run_python
+from conftest import DETERMINISM_ENV, CounterSource, run_python
 
 import detctx
 
 
-class _Unseedable:
+class _Unseedable(CounterSource):
     """A user RNG whose seeding fails (a device that went away, say)."""
-
-    def __init__(self) -> None:
-        self.value = 0
-
-    def capture(self) -> int:
-        return self.value
-
-    def restore(self, state: int) -> None:
-        self.value = state
 
     def seed(self, seed: int) -> None:
         raise RuntimeError("cannot seed: the device went away")

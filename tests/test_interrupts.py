@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -20,36 +21,33 @@ from conftest import ROOT, TESTS
 import detctx
 
 
-def test_randomly_timed_sigints_in_blocks_and_generator_steps_corrupt_nothing() -> None:
-    signals = int(os.environ.get("DETCTX_HAMMER_SIGNALS", "100"))
+def hammer(script: str, count: int) -> tuple[dict[str, Any], str]:
+    """Run ``tests/<script> count`` in a child; its JSON report and its stderr."""
     proc = subprocess.run(
-        [sys.executable, str(TESTS / "hammer_interrupts.py"), str(signals)],
+        [sys.executable, str(TESTS / script), str(count)],
         capture_output=True,
         text=True,
         cwd=ROOT,
-        timeout=60 + signals,
+        timeout=120 + count // 50,
     )
     assert proc.returncode == 0, proc.stderr
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
+def test_randomly_timed_sigints_in_blocks_and_generator_steps_corrupt_nothing() -> None:
+    signals = int(os.environ.get("DETCTX_HAMMER_SIGNALS", "100"))
+    report, errors = hammer("hammer_interrupts.py", signals)
     assert report == {
         "sent": {"blocks": signals - signals // 2, "generator steps": signals // 2},
         "corrupted": {"blocks": 0, "generator steps": 0},
         "lock_free": True,
     }
-    assert proc.stderr == ""
+    assert errors == ""
 
 
 def test_thousands_of_blocks_and_generator_steps_leave_no_memory_behind() -> None:
-    count = int(os.environ.get("DETCTX_HAMMER_BLOCKS", "2000"))
-    proc = subprocess.run(
-        [sys.executable, str(TESTS / "hammer_memory.py"), str(count)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60 + count // 100,
-    )
-    assert proc.returncode == 0, proc.stderr
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    count = int(os.environ.get("DETCTX_HAMMER_BLOCKS", "1000"))
+    report, _ = hammer("hammer_memory.py", count)
     assert report["open_blocks"] == 0
     # A leak of one small object per block would be 2 * count * 50 bytes or more.
     assert report["traced_growth_bytes"] < 16 * 1024, report

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import types
-from typing import Any
 
 import pytest
 import torch
+from conftest import CounterSource
 
 import detctx
 
@@ -17,21 +17,7 @@ class _NotCallable:
     seed = 2.5
 
 
-class _GoodSource:
-    def __init__(self) -> None:
-        self.value = 0
-
-    def capture(self) -> Any:
-        return self.value
-
-    def restore(self, state: Any) -> None:
-        self.value = state
-
-    def seed(self, seed: int) -> None:
-        self.value = seed
-
-
-class _BadValidator(_GoodSource):
+class _BadValidator(CounterSource):
     validate_state = 3
 
 
@@ -40,7 +26,7 @@ def test_a_source_whose_methods_are_not_callable_is_refused_at_registration() ->
         detctx.register_source("broken", _NotCallable())
     with detctx.deterministic(seed=1):  # nothing was registered: blocks still work
         pass
-    detctx.register_source("broken", _GoodSource())
+    detctx.register_source("broken", CounterSource())
     detctx.unregister_source("broken")
 
 
@@ -54,7 +40,7 @@ def test_register_accelerator_refuses_a_name_torch_has_no_device_module_for(name
     with pytest.raises(ValueError, match=r"device module|device type"):
         detctx.register_accelerator(name)
     if name != "python":  # the name was not taken: a user source may still use it
-        detctx.register_source(name, _GoodSource())
+        detctx.register_source(name, CounterSource())
         detctx.unregister_source(name)
 
 
