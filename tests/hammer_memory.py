@@ -37,7 +37,7 @@ def work(count: int) -> None:
 
 
 def main(count: int) -> None:
-    work(1000)  # warm-up: caches, lazy imports, allocator pools
+    work(min(count, 1000))  # warm-up: caches, lazy imports, allocator pools
     gc.collect()
     tracemalloc.start()
     rss_before = rss_kib()

@@ -46,7 +46,7 @@ def test_randomly_timed_sigints_in_blocks_and_generator_steps_corrupt_nothing() 
 
 
 def test_thousands_of_blocks_and_generator_steps_leave_no_memory_behind() -> None:
-    count = int(os.environ.get("DETCTX_HAMMER_BLOCKS", "1000"))
+    count = int(os.environ.get("DETCTX_HAMMER_BLOCKS", "500"))
     report, _ = hammer("hammer_memory.py", count)
     assert report["open_blocks"] == 0
     # A leak of one small object per block would be 2 * count * 50 bytes or more.
