@@ -58,6 +58,13 @@ def register_accelerator(device_type: str) -> None:
     offer ``is_available``, ``get_rng_state``, ``set_rng_state`` and
     ``manual_seed_all`` (or ``manual_seed``), like ``torch.cuda`` does. The
     privateuse1 backend (torch_npu's ``npu``) needs no registration.
+
+    A name torch has no device module for (``"CPU"``, ``"cuda:0"``,
+    ``"meta"``), or whose module lacks one of those functions, raises
+    ``ValueError`` naming what is missing, and nothing is registered::
+
+        import habana_frameworks.torch        # registers torch.hpu
+        detctx.register_accelerator("hpu")
     """
     global _present_cache
     if not isinstance(device_type, str) or not device_type:

@@ -32,6 +32,10 @@ class RNGSource(Protocol):
     ``capture`` returns an opaque value that ``restore`` accepts; ``seed``
     resets the source to the stream of the given seed (an int in
     ``[0, 2**32 - 1]``). ``capture`` must not change the source's state.
+
+    A source may also offer ``validate_state(state)``, raising ``ValueError``
+    for a state it must not be given: restoring a checkpoint calls it before
+    any RNG is touched.
     """
 
     def capture(self) -> Any: ...
@@ -199,7 +203,12 @@ def register_source(name: str, source: object) -> None:
     a NumPy ``RandomState`` or ``Generator``, or any object implementing
     :class:`RNGSource`. It is seeded with the block's seed, saved on entry and
     restored on exit. Names are unique: registering a taken name raises
-    ``ValueError`` (unregister it first).
+    ``ValueError`` (unregister it first). An object whose ``capture``,
+    ``restore`` or ``seed`` (or ``validate_state``, ``state_to_plain``,
+    ``state_from_plain``, where present) is not callable raises ``TypeError``
+    here, and nothing is registered::
+
+        detctx.register_source("sampler", torch.Generator())
     """
     if not isinstance(name, str) or not name:
         raise TypeError(f"source name must be a non-empty string, got {name!r}")
