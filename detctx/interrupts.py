@@ -21,10 +21,11 @@ place, unprotected. Other threads, other signals, and a SIGINT handler that
 is not a Python callable (``SIG_IGN``, ``SIG_DFL``) are left alone.
 
 Why the function starts matter: CPython runs Python signal handlers at
-function entry, so a SIGINT that arrives as a ``with`` body ends raises in
-the first instruction of ``__exit__``, before any ``try`` in it can run
-(``python -X dev`` and a loop of empty ``with`` blocks under ``kill -INT``
-show it within seconds).
+function entry (and after calls), so a SIGINT that arrives as a ``with``
+body ends is raised at the first instruction of ``__exit__``, before any
+``try`` in it can run. With handlers swapped only inside the sections,
+``python tests/hammer_interrupts.py 6000`` left a block open within the
+first few hundred signals; with the function starts marked, none in 6,000.
 """
 
 from __future__ import annotations
