@@ -58,15 +58,52 @@ def register_accelerator(device_type: str) -> None:
     offer ``is_available``, ``get_rng_state``, ``set_rng_state`` and
     ``manual_seed_all`` (or ``manual_seed``), like ``torch.cuda`` does. The
     privateuse1 backend (torch_npu's ``npu``) needs no registration.
+
+    A name torch has no device module for (``"CPU"``, ``"cuda:0"``,
+    ``"meta"``), or whose module lacks one of those functions, raises
+    ``ValueError`` naming what is missing, and nothing is registered::
+
+        import habana_frameworks.torch        # registers torch.hpu
+        detctx.register_accelerator("hpu")
     """
     global _present_cache
     if not isinstance(device_type, str) or not device_type:
         raise TypeError(f"device_type must be a non-empty string, got {device_type!r}")
     if device_type == "cpu":
         raise ValueError("the CPU generator is the built-in 'torch' source, not an accelerator")
+    _check_device_module(device_type)
     if device_type not in _accelerator_types:
         _accelerator_types.append(device_type)
     _present_cache = None
+
+
+_RNG_FUNCTIONS = ("is_available", "get_rng_state", "set_rng_state")
+
+
+def _check_device_module(device_type: str) -> None:
+    """Refuse a name that is not a bare device type with a device module offering RNG calls."""
+    if device_type != device_type.strip().lower() or ":" in device_type:
+        raise ValueError(
+            f"register_accelerator takes a device type such as 'cuda' or 'hpu', not "
+            f"{device_type!r}: pass the type alone, in lower case, without a device index"
+        )
+    module = device_module(device_type)
+    if module is None or module is getattr(torch, "cpu", None):
+        raise ValueError(
+            f"torch has no device module for {device_type!r} (torch.get_device_module"
+            f"({device_type!r}) fails): import the package that registers that backend "
+            "before calling register_accelerator"
+        )
+    missing = [name for name in _RNG_FUNCTIONS if not callable(getattr(module, name, None))]
+    if not callable(getattr(module, "manual_seed_all", None)) and not callable(
+        getattr(module, "manual_seed", None)
+    ):
+        missing.append("manual_seed_all (or manual_seed)")
+    if missing:
+        raise ValueError(
+            f"the device module for {device_type!r} ({getattr(module, '__name__', module)}) "
+            f"lacks the RNG function(s) detctx needs: {', '.join(missing)}"
+        )
 
 
 def is_accelerator_name(name: str) -> bool:

@@ -14,11 +14,11 @@ from typing import Any, TypeVar, overload
 
 from typing_extensions import Unpack
 
-from detctx import frames
+from detctx import frames, interrupts
 from detctx.decorators import decorate
 from detctx.seeds import DEFAULT_SEED
 from detctx.settings import Seeding, Settings
-from detctx.snapshot import active_sources
+from detctx.snapshot import Snapshot, active_sources
 from detctx.switches import SwitchOptions
 
 __all__ = ["deterministic", "open_blocks", "seed_all"]
@@ -82,8 +82,14 @@ class deterministic:
     def __enter__(self) -> Seeding:
         settings = self._settings
         seed = settings.resolve_seed()
-        return frames.enter(self, lambda sources, current: settings.apply(sources, seed, current))
+        depth = len(frames.context_frames())
+        try:
+            return frames.enter(self, lambda sources, now: settings.apply(sources, seed, now))
+        except BaseException:
+            frames.abandon(self, depth)  # interrupted on the way out of enter
+            raise
 
+    @interrupts.edge
     def __exit__(
         self,
         exc_type: type[BaseException] | None,
@@ -118,7 +124,9 @@ def seed_all(seed: int | None = DEFAULT_SEED, **switches: Unpack[SwitchOptions])
     """Seed everything and switch determinism on, for good (MindSpeed's ``seed_all``).
 
     The same seeding, switches and environment variables as entering
-    :class:`deterministic` with the same arguments; nothing is ever restored.
+    :class:`deterministic` with the same arguments; nothing is ever restored,
+    unless seeding fails (a registered source's ``seed`` raises): then every
+    RNG, flag and variable is put back before the error is raised.
     Returns the :class:`~detctx.settings.Seeding` (its ``seed`` is the one used)::
 
         detctx.seed_all(1234)        # at the top of a training script
@@ -127,7 +135,13 @@ def seed_all(seed: int | None = DEFAULT_SEED, **switches: Unpack[SwitchOptions])
     resolved = settings.resolve_seed()
     frames.acquire()
     try:
-        return settings.apply(active_sources(), resolved)
+        sources = active_sources()
+        before = Snapshot.capture(sources, switches=True)
+        try:
+            return settings.apply(sources, resolved, before)
+        except BaseException:
+            before.restore()  # a source that cannot be seeded: nothing is left half-seeded
+            raise
     finally:
         frames.release()
 

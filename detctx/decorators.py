@@ -19,7 +19,7 @@ from collections.abc import AsyncGenerator, Callable, Coroutine, Generator
 from types import TracebackType
 from typing import Any, Protocol
 
-from detctx import frames
+from detctx import frames, interrupts
 from detctx.settings import Seeding, Settings
 from detctx.snapshot import Snapshot, active_sources
 from detctx.sources import RNGSource
@@ -178,8 +178,20 @@ class _World:
         self._position: frames.Position | None = None
         self.seeding: Seeding | None = None
 
+    @interrupts.edge
     def resume(self) -> None:
         """Save the caller's world and put the body's in (seeding it on the first step)."""
+        held = interrupts.hold()
+        opened = 0
+        try:
+            self._swap_in()
+            opened = 1
+            if held and interrupts.pending():
+                self.suspend(False)  # interrupted before the step: undone, then raised
+        finally:
+            interrupts.let_go(held, opened)
+
+    def _swap_in(self) -> None:
         saved = self._saved
         seed = self._settings.resolve_seed() if saved is None else 0
         frames.acquire()
@@ -205,10 +217,16 @@ class _World:
         if self._parked is not None:
             frames.unpark(self._parked)
 
+    @interrupts.edge
     def suspend(self, finished: bool) -> None:
-        """Save the body's world (unless ``finished``) and put the caller's back."""
+        """Save the body's world (unless ``finished``) and put the caller's back.
+
+        Does nothing if the world is not swapped in (a resume that was interrupted).
+        """
         caller, since = self._caller, self._position
-        assert caller is not None and since is not None
+        if caller is None or since is None:
+            return
+        held = interrupts.hold()
         self._caller = self._position = None
         try:
             self._parked = frames.park(since)
@@ -220,6 +238,7 @@ class _World:
                 caller.restore(unchanged=saved)
         finally:
             frames.release()
+            interrupts.let_go(held, -1)
 
 
 def _drive(world: _World, steps: Any, returns_at_end: bool) -> Generator[Any, Any, Any]:
@@ -233,7 +252,13 @@ def _drive(world: _World, steps: Any, returns_at_end: bool) -> Generator[Any, An
     value: Any = None
     error: BaseException | None = None
     while True:
-        world.resume()
+        try:
+            world.resume()
+        except BaseException:  # a KeyboardInterrupt held off during the swap
+            world.suspend(True)
+            if _suspended(steps):
+                _close_in(world, steps)
+            raise
         try:
             if error is None:
                 item = send(value)
@@ -245,8 +270,14 @@ def _drive(world: _World, steps: Any, returns_at_end: bool) -> Generator[Any, An
             return stop.value
         except BaseException:
             world.suspend(True)
+            if _suspended(steps):  # interrupted just after the step, not raised by the body
+                _close_in(world, steps)
             raise
-        world.suspend(False)
+        try:
+            world.suspend(False)
+        except BaseException:  # a KeyboardInterrupt held off during the swap
+            _close_in(world, steps)
+            raise
         try:
             value = yield item
         except GeneratorExit:
@@ -255,14 +286,29 @@ def _drive(world: _World, steps: Any, returns_at_end: bool) -> Generator[Any, An
                 # caller left to protect, and torch may already be torn down.
                 steps.close()
                 raise
-            world.resume()
-            try:
-                steps.close()
-            finally:
-                world.suspend(True)
+            _close_in(world, steps)
             raise
         except BaseException as exc:
             error = exc
+
+
+def _suspended(steps: Any) -> bool:
+    """Whether a generator or coroutine body is suspended at a yield or an await."""
+    if inspect.isgenerator(steps):
+        return inspect.getgeneratorstate(steps) == inspect.GEN_SUSPENDED
+    if inspect.iscoroutine(steps):
+        return inspect.getcoroutinestate(steps) == inspect.CORO_SUSPENDED
+    return False
+
+
+@interrupts.edge
+def _close_in(world: _World, steps: Any) -> None:
+    """Close the body in its own world, so that its ``finally`` and ``with`` exits run there."""
+    world.resume()
+    try:
+        steps.close()
+    finally:
+        world.suspend(True)
 
 
 class _Steps:

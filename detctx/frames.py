@@ -22,11 +22,13 @@ is raised in each affected block.
 from __future__ import annotations
 
 import contextvars
+import os
 import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from detctx import interrupts
 from detctx.errors import DeterminismWarning, OutOfOrderExitError
 from detctx.settings import Seeding
 from detctx.snapshot import Snapshot, active_sources
@@ -110,26 +112,48 @@ def enter(
 
     ``apply(sources, snapshot)`` seeds the sources and sets the switches
     (:meth:`~detctx.settings.Settings.apply`). On any failure everything is
-    put back and the lock released before the error propagates.
+    put back and the lock released before the error propagates. A SIGINT
+    that arrives meanwhile is held off (:mod:`detctx.interrupts`); the entry
+    is then undone and ``KeyboardInterrupt`` raised, as if it came first.
     """
-    acquire()
+    held = interrupts.hold()
+    opened = 0
     try:
-        sources = active_sources()
-        snapshot = Snapshot.capture(sources, switches=True)
+        acquire()
         try:
-            seeding = apply(sources, snapshot)
+            sources = active_sources()
+            snapshot = Snapshot.capture(sources, switches=True)
+            try:
+                seeding = apply(sources, snapshot)
+            except BaseException:
+                snapshot.restore()
+                raise
+            frame = Frame(owner, snapshot, seeding)
+            _stack.append(frame)
+            _entered.set((*_entered.get(), frame))
+            opened = 1
         except BaseException:
-            snapshot.restore()
+            _lock.release()
             raise
-        frame = Frame(owner, snapshot, seeding)
-        _stack.append(frame)
-        _entered.set((*_entered.get(), frame))
-    except BaseException:
-        _lock.release()
-        raise
+        if held and interrupts.pending():
+            exit(owner)
+    finally:
+        interrupts.let_go(held, opened)
     return seeding
 
 
+def abandon(owner: object, depth: int) -> None:
+    """Exit ``owner``'s entry if it was made after this context had ``depth`` blocks.
+
+    For an interrupt raised just after :func:`enter` returned, before the
+    caller could take the entry: without it the block would stay open.
+    """
+    entered = _entered.get()
+    if len(entered) > depth and entered[-1].owner is owner:
+        exit(owner)
+
+
+@interrupts.edge
 def exit(owner: object) -> None:
     """Exit the innermost block ``owner`` entered in this context, restoring its snapshot."""
     entered = _entered.get()
@@ -139,11 +163,15 @@ def exit(owner: object) -> None:
     else:
         raise OutOfOrderExitError(f"{owner!r} was exited without being entered in this context")
     frame = entered[index]
-    _entered.set(entered[:index] + entered[index + 1 :])
+    held = interrupts.hold()
     try:
-        _close(frame)
+        _entered.set(entered[:index] + entered[index + 1 :])
+        try:
+            _close(frame)
+        finally:
+            _lock.release()
     finally:
-        _lock.release()
+        interrupts.let_go(held, -1)
 
 
 def _close(frame: Frame) -> None:
@@ -214,3 +242,26 @@ def unpark(parked: Parked) -> None:
         _lock.acquire()
     _stack.extend(parked.frames)
     _entered.set(_entered.get() + parked.entered)
+
+
+def _after_fork_in_child() -> None:
+    """Forget the blocks of the parent's other threads in a forked child.
+
+    A lock held by another thread at ``os.fork()`` stays held for ever in the
+    child, where that thread does not exist, and the child's first block
+    would wait on it without end. The forking thread's own blocks (a
+    ``DataLoader`` worker forked inside a block, say) are the child's too and
+    are kept: then the lock is the child's to take.
+    """
+    global _lock
+    if _lock.acquire(blocking=False):
+        _lock.release()
+        return
+    _lock = threading.RLock()
+    for frame in _stack:
+        frame.closed = True
+    del _stack[:]
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows
+    os.register_at_fork(after_in_child=_after_fork_in_child)

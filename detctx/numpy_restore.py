@@ -47,9 +47,36 @@ def _layout_matches() -> bool:
 _fast_path: bool | None = None
 
 
+def _check_position(state: Any) -> None:
+    """Refuse an ``MT19937`` position outside ``[0, 624]`` before NumPy sees it.
+
+    NumPy's own ``set_state`` takes any position; the next draw then reads
+    past the key, and ``2**31 - 1`` crashes the process (see
+    :mod:`detctx.state_checks`).
+    """
+    if isinstance(state, tuple) and len(state) >= 3 and state[0] == "MT19937":
+        pos = state[2]
+    elif isinstance(state, dict) and state.get("bit_generator") == "MT19937":
+        inner = state.get("state")
+        pos = inner.get("pos") if isinstance(inner, dict) else None
+    else:
+        return
+    valid = isinstance(pos, (int, np.integer)) and not isinstance(pos, bool)
+    if not valid or not 0 <= pos <= _KEY_WORDS:
+        raise ValueError(
+            f"refusing a NumPy MT19937 state with position {pos!r}: it must be an int in "
+            f"[0, {_KEY_WORDS}] (a corrupted or crafted state)"
+        )
+
+
 def restore_random_state(rng: np.random.RandomState, state: Any) -> None:
-    """``rng.set_state(state)``, taking the fast path where it is provably the same."""
+    """``rng.set_state(state)``, taking the fast path where it is provably the same.
+
+    A ``MT19937`` position outside ``[0, 624]`` raises ``ValueError`` with
+    ``rng`` left unchanged.
+    """
     global _fast_path
+    _check_position(state)
     if _fast_path is None:
         _fast_path = _layout_matches()
     if (

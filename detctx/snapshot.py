@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from detctx import state_dict
+from detctx import interrupts, state_dict
 from detctx.accelerators import Uninitialised, active_accelerators
 from detctx.environment import WATCHED
 from detctx.sources import RNGSource, registered_sources, registry_version
@@ -69,15 +69,18 @@ class Snapshot(Mapping[str, Any]):
     alone. ``detctx.RNGState`` is this class.
     """
 
-    __slots__ = ("_rng", "_switches")
+    __slots__ = ("_atomic", "_rng", "_switches")
 
     def __init__(
         self,
         rng: dict[str, tuple[RNGSource, Any]],
         switches: dict[str, tuple[_Part, Any]] | None = None,
+        *,
+        atomic: bool = False,
     ) -> None:
         self._rng = rng
         self._switches = {} if switches is None else switches
+        self._atomic = atomic
 
     @classmethod
     def capture(
@@ -109,11 +112,33 @@ class Snapshot(Mapping[str, Any]):
     def restore(self, unchanged: Snapshot | None = None) -> None:
         """Put every captured part back: switches (in reverse order), then RNGs.
 
-        Every part is attempted even if one fails; the first failure is raised
-        afterwards. ``unchanged``: a snapshot of the present state; switches
-        whose value is the same there are left alone (a generator step swaps
-        worlds twice, so skipping no-op writes of flags and variables matters).
+        Every part is attempted even if one fails (a ``KeyboardInterrupt``
+        included); the first failure is raised afterwards. ``unchanged``: a
+        snapshot of the present state; switches whose value is the same there
+        are left alone (a generator step swaps worlds twice, so skipping no-op
+        writes of flags and variables matters).
+
+        A snapshot from :func:`capture` or :meth:`from_state_dict` restores
+        atomically: if any part fails, every source it holds is put back to
+        what it was before the call, then the failure is raised.
         """
+        if not self._atomic:
+            self._restore_parts(unchanged)
+            return
+        held = interrupts.hold()
+        try:
+            before = Snapshot(
+                {name: (source, source.capture()) for name, (source, _) in self._rng.items()}
+            )
+            try:
+                self._restore_parts(unchanged)
+            except BaseException:
+                before._restore_parts(None)
+                raise
+        finally:
+            interrupts.let_go(held)
+
+    def _restore_parts(self, unchanged: Snapshot | None) -> None:
         first_error: BaseException | None = None
         now = None if unchanged is None else unchanged._switches
         for name, (switch, saved) in reversed(self._switches.items()):
@@ -121,12 +146,12 @@ class Snapshot(Mapping[str, Any]):
                 continue
             try:
                 switch.restore(saved)
-            except Exception as exc:
+            except BaseException as exc:
                 first_error = first_error or exc
         for source, state in self._rng.values():
             try:
                 source.restore(state)
-            except Exception as exc:
+            except BaseException as exc:
                 first_error = first_error or exc
         if first_error is not None:
             raise first_error
@@ -153,7 +178,7 @@ class Snapshot(Mapping[str, Any]):
         ``strict`` (the default), a source managed here that the dict lacks.
         """
         decoded = state_dict.decode(plain, active_sources(), strict=strict)
-        return cls({name: (source, state) for name, source, state in decoded})
+        return cls({name: (source, state) for name, source, state in decoded}, atomic=True)
 
     def fingerprint(self) -> str:
         """A 16-hex-digit digest of the captured RNG states (equal digests: equal states)."""
@@ -189,7 +214,9 @@ def capture() -> Snapshot:
         noisy_eval(model)
         state.restore()          # every RNG continues as if noisy_eval never ran
     """
-    return Snapshot.capture()
+    snapshot = Snapshot.capture()
+    snapshot._atomic = True
+    return snapshot
 
 
 def restore(state: Snapshot | Mapping[str, Any], *, strict: bool = True) -> None:

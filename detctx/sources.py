@@ -32,6 +32,10 @@ class RNGSource(Protocol):
     ``capture`` returns an opaque value that ``restore`` accepts; ``seed``
     resets the source to the stream of the given seed (an int in
     ``[0, 2**32 - 1]``). ``capture`` must not change the source's state.
+
+    A source may also offer ``validate_state(state)``, raising ``ValueError``
+    for a state it must not be given: restoring a checkpoint calls it before
+    any RNG is touched.
     """
 
     def capture(self) -> Any: ...
@@ -73,6 +77,12 @@ class NumpyRandomStateSource:
             self._rng = np.random.mtrand._rand
         return self._rng
 
+    @property
+    def bit_generator(self) -> np.random.BitGenerator:
+        """The bit generator under the ``RandomState``."""
+        bit_generator: np.random.BitGenerator = self._target()._bit_generator
+        return bit_generator
+
     def capture(self) -> Any:
         return self._target().get_state()
 
@@ -89,6 +99,11 @@ class NumpyGeneratorSource:
 
     def __init__(self, rng: np.random.Generator) -> None:
         self._bit_generator = rng.bit_generator
+
+    @property
+    def bit_generator(self) -> np.random.BitGenerator:
+        """The ``Generator``'s bit generator."""
+        return self._bit_generator
 
     def capture(self) -> Any:
         return self._bit_generator.state
@@ -112,6 +127,11 @@ class TorchGeneratorSource:
     def __init__(self, generator: torch.Generator | None = None) -> None:
         self._generator = generator if generator is not None else torch.default_generator
 
+    @property
+    def device(self) -> torch.device:
+        """The device of the generator."""
+        return self._generator.device
+
     def capture(self) -> Any:
         return self._generator.get_state()
 
@@ -133,12 +153,33 @@ def as_source(obj: object) -> RNGSource:
     if isinstance(obj, np.random.Generator):
         return NumpyGeneratorSource(obj)
     if isinstance(obj, RNGSource):
+        _check_protocol(obj)
         return obj
     raise TypeError(
         f"cannot manage {type(obj).__name__!r} as an RNG source: pass a torch.Generator, "
         "random.Random, numpy RandomState or Generator, or an object with "
         "capture(), restore(state) and seed(seed) methods"
     )
+
+
+_OPTIONAL_METHODS = ("validate_state", "state_to_plain", "state_from_plain")
+
+
+def _check_protocol(obj: object) -> None:
+    """Refuse a source whose protocol methods exist but cannot be called."""
+    required = [name for name in ("capture", "restore", "seed") if not callable(getattr(obj, name))]
+    optional = [
+        name
+        for name in _OPTIONAL_METHODS
+        if hasattr(obj, name) and not callable(getattr(obj, name))
+    ]
+    if required or optional:
+        raise TypeError(
+            f"cannot manage {type(obj).__name__!r} as an RNG source: "
+            f"{', '.join(required + optional)} must be method(s), not "
+            f"{', '.join(type(getattr(obj, name)).__name__ for name in required + optional)}; "
+            "an RNG source needs callable capture(), restore(state) and seed(seed)"
+        )
 
 
 _BUILTIN: dict[str, RNGSource] = {
@@ -162,7 +203,12 @@ def register_source(name: str, source: object) -> None:
     a NumPy ``RandomState`` or ``Generator``, or any object implementing
     :class:`RNGSource`. It is seeded with the block's seed, saved on entry and
     restored on exit. Names are unique: registering a taken name raises
-    ``ValueError`` (unregister it first).
+    ``ValueError`` (unregister it first). An object whose ``capture``,
+    ``restore`` or ``seed`` (or ``validate_state``, ``state_to_plain``,
+    ``state_from_plain``, where present) is not callable raises ``TypeError``
+    here, and nothing is registered::
+
+        detctx.register_source("sampler", torch.Generator())
     """
     if not isinstance(name, str) or not name:
         raise TypeError(f"source name must be a non-empty string, got {name!r}")

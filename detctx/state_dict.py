@@ -35,6 +35,7 @@ from typing import Any, Final, Protocol, runtime_checkable
 import numpy as np
 import torch
 
+from detctx import state_checks
 from detctx.accelerators import AcceleratorSource, Uninitialised
 from detctx.errors import CheckpointError
 from detctx.sources import (
@@ -185,9 +186,18 @@ def _decode_one(name: str, source: RNGSource, kind: str, plain: Any) -> Any:
             "that name before restoring"
         )
     try:
-        return _DECODERS[kind](source, plain)
+        state = _DECODERS[kind](source, plain)
+        validate = getattr(source, "validate_state", None)
+        if validate is not None:
+            validate(state)
+        return state
     except CheckpointError:
         raise
+    except state_checks.InvalidField as exc:
+        raise CheckpointError(
+            f"the RNG state dict's {kind!r} state for source {name!r} has an invalid "
+            f"{exc.field}: {exc.reason}; nothing was restored (a corrupted or crafted checkpoint?)"
+        ) from exc
     except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as exc:
         raise CheckpointError(
             f"the RNG state dict's {kind!r} state for source {name!r} is malformed "
@@ -212,34 +222,36 @@ def _kinds_for(source: RNGSource) -> set[str]:
 
 
 def _decode_python(source: RNGSource, plain: Any) -> Any:
-    internal = _tensor(plain["internal"], torch.int64)
-    if internal.shape != (625,):
-        raise ValueError(f"internal must hold 625 words, not {tuple(internal.shape)}")
-    gauss_next = plain["gauss_next"]
-    if gauss_next is not None and not isinstance(gauss_next, float):
-        raise TypeError(f"gauss_next must be a float or None, not {type(gauss_next).__name__}")
-    return (int(plain["version"]), tuple(int(word) for word in internal.tolist()), gauss_next)
+    internal = _tensor(plain["internal"], torch.int64).numpy()
+    state_checks.check_python(plain["version"], internal, plain["gauss_next"])
+    return (plain["version"], tuple(int(word) for word in internal.tolist()), plain["gauss_next"])
 
 
 def _decode_numpy_legacy(source: RNGSource, plain: Any) -> Any:
-    key = _tensor(plain["key"], torch.int64).numpy().astype(np.uint32)
-    if key.shape != (624,):
-        raise ValueError(f"key must hold 624 words, not {key.shape}")
-    return (
-        str(plain["bit_generator"]),
-        key,
-        int(plain["pos"]),
-        int(plain["has_gauss"]),
-        float(plain["cached_gaussian"]),
-    )
+    assert isinstance(source, NumpyRandomStateSource)
+    words = _tensor(plain["key"], torch.int64).numpy()
+    state_checks.check_words(words, "key", state_checks.MT_WORDS)
+    fields = (plain["bit_generator"], plain["pos"], plain["has_gauss"], plain["cached_gaussian"])
+    state_checks.check_numpy_legacy(*fields)
+    if not isinstance(source.bit_generator, np.random.MT19937):
+        raise state_checks.InvalidField(
+            "bit_generator", f"this source's is {type(source.bit_generator).__name__}"
+        )
+    return (fields[0], words.astype(np.uint32), *fields[1:])
 
 
 def _decode_numpy_bitgen(source: RNGSource, plain: Any) -> Any:
-    return _numpy_from_plain(plain)
+    assert isinstance(source, (NumpyRandomStateSource, NumpyGeneratorSource))
+    state = _numpy_from_plain(plain)
+    state_checks.check_bit_generator(state, source.bit_generator)
+    return state
 
 
 def _decode_torch(source: RNGSource, plain: Any) -> Any:
-    return _tensor(plain, torch.uint8).clone()
+    assert isinstance(source, TorchGeneratorSource)
+    state = _tensor(plain, torch.uint8).clone()
+    state_checks.check_torch(state, torch.Generator(device=source.device))
+    return state
 
 
 def _decode_accelerator(source: RNGSource, plain: Any) -> Any:
@@ -254,13 +266,14 @@ def _decode_accelerator(source: RNGSource, plain: Any) -> Any:
             f"this process sees {present}: restore on the same number of devices (or make "
             "the same devices visible)"
         )
-    return tuple(_tensor(device_state, torch.uint8).clone() for device_state in devices)
+    states = tuple(_tensor(device_state, torch.uint8).clone() for device_state in devices)
+    state_checks.check_accelerator(states, source.capture() if source.is_initialized() else None)
+    return states
 
 
 def _decode_uninitialised(source: RNGSource, plain: Any) -> Any:
     seed_before = plain["seed_before"]
-    if not isinstance(seed_before, int) or isinstance(seed_before, bool):
-        raise TypeError(f"seed_before must be an int, not {type(seed_before).__name__}")
+    state_checks.check_pending_seed(seed_before)
     return Uninitialised(seed_before, None)
 
 

@@ -87,3 +87,19 @@ def draws() -> tuple[object, ...]:
     import random
 
     return (random.random(), float(np.random.rand()), float(torch.rand(1)))
+
+
+class CounterSource:
+    """A user-defined RNG source whose state is one int: subclass it to make it misbehave."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def capture(self) -> int:
+        return self.value
+
+    def restore(self, state: int) -> None:
+        self.value = state
+
+    def seed(self, seed: int) -> None:
+        self.value = seed

@@ -12,7 +12,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from conftest import draws
+from conftest import CounterSource, draws
 
 import detctx
 from detctx.errors import DeterminismWarning, OutOfOrderExitError
@@ -400,24 +400,9 @@ def test_registered_python_and_numpy_generators() -> None:
         detctx.unregister_source("gen")
 
 
-class CountingSource:
-    """A user-defined source: a counter whose 'state' is its value."""
-
-    def __init__(self) -> None:
-        self.value = 100
-
-    def capture(self) -> int:
-        return self.value
-
-    def restore(self, state: int) -> None:
-        self.value = state
-
-    def seed(self, seed: int) -> None:
-        self.value = seed
-
-
 def test_a_custom_protocol_source() -> None:
-    counter = CountingSource()
+    counter = CounterSource()
+    counter.value = 100
     detctx.register_source("counter", counter)
     try:
         with detctx.deterministic(seed=9):

@@ -1,0 +1,118 @@
+"""Randomly timed SIGINTs against blocks and decorated generator steps; counts corruptions.
+
+Run by ``tests/test_interrupts.py`` in a child process (signals and the pytest
+process do not mix): ``python tests/hammer_interrupts.py SIGNALS`` prints one
+JSON line. Each signal is sent by a helper thread at a random moment; the
+main thread catches the ``KeyboardInterrupt`` wherever it lands and checks
+that no block is open, the lock is free, and every RNG, flag and variable
+is what it was before.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+import detctx
+from detctx import frames
+
+ENV = ("PYTHONHASHSEED", "CUBLAS_WORKSPACE_CONFIG", "HCCL_DETERMINISTIC", "CLOSE_MATMUL_K_SHIFT")
+
+
+def world() -> tuple[object, ...]:
+    flags = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark)
+    return detctx.fingerprint(), flags, tuple(os.environ.get(name) for name in ENV)
+
+
+def lock_is_free() -> bool:
+    done = threading.Event()
+
+    def enter() -> None:
+        with detctx.deterministic(seed=0):
+            done.set()
+
+    thread = threading.Thread(target=enter, daemon=True)
+    thread.start()
+    return done.wait(10)
+
+
+@detctx.deterministic(seed=5)
+def augment() -> Iterator[float]:
+    while True:
+        with detctx.deterministic(seed=6):
+            yield float(np.random.rand())
+        yield random.random() + torch.rand(1).item()
+
+
+def blocks() -> None:
+    while True:
+        with detctx.deterministic(seed=1):
+            np.random.rand()
+            with detctx.deterministic(seed=2):
+                random.random()
+
+
+def generator_steps() -> None:
+    steps = augment()
+    try:
+        while True:
+            next(steps)
+    finally:
+        steps.close()
+
+
+def main(signals: int) -> None:
+    random.seed(123)
+    np.random.seed(123)
+    torch.manual_seed(123)
+    baseline = world()
+    timing = random.Random(99)
+    armed = threading.Event()
+    stop = False
+
+    def shoot() -> None:
+        while True:
+            armed.wait()
+            armed.clear()
+            if stop:
+                return
+            time.sleep(timing.uniform(0, 0.002))
+            os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=shoot, daemon=True).start()
+    lost = {"blocks": 0, "generator steps": 0}
+    sent = {"blocks": 0, "generator steps": 0}
+    for index in range(signals):
+        mode, run = (("blocks", blocks), ("generator steps", generator_steps))[index % 2]
+        try:
+            armed.set()
+            run()
+        except KeyboardInterrupt:
+            pass
+        sent[mode] += 1
+        if detctx.open_blocks() or frames.context_frames() or world() != baseline:
+            lost[mode] += 1
+            print(f"corrupted after signal {index} ({mode})", file=sys.stderr)
+            random.seed(123)
+            np.random.seed(123)
+            torch.manual_seed(123)
+        if index % 500 == 0 and not lock_is_free():
+            lost[mode] += 1
+            print(f"lock held after signal {index} ({mode})", file=sys.stderr)
+            break
+    stop = True
+    armed.set()
+    print(json.dumps({"sent": sent, "corrupted": lost, "lock_free": lock_is_free()}))
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]))
