@@ -196,7 +196,7 @@ def exit_status(argv: list[str]) -> object:
     [
         (["compare", "--pattern", "loss=(", "a.log", "b.log"], "bad metric pattern"),
         (["run", "-n", "1", "--", "true"], "-n must be at least 2"),
-        (["run", "--seed", "-3", "--", "true"], "--seed must be in"),
+        (["run", "--seed", "-3", "--", "true"], "--seed='-3' is not valid"),
         (["run", "--", "no-such-command-for-detctx"], "command not found"),
         (["run", "--", sys.executable, "-c", "print('no metrics here')"], "no metric lines"),
         (["run", "--", sys.executable, "-c", "raise SystemExit(3)"], "exited with status 3"),
