@@ -30,6 +30,8 @@ def check_plot_path(path: Path) -> None:
 
     formats = sorted(FigureCanvasBase.get_supported_filetypes())
     shown = ", ".join(f".{name}" for name in formats)
+    if path.is_dir():
+        raise ValueError(f"--plot {path} is a folder; name a file in it: {path / 'curves.png'}")
     fmt = plot_format(path)
     if fmt not in formats:
         named = f"its suffix {path.suffix!r}" if path.suffix else "it has no suffix"
@@ -37,8 +39,6 @@ def check_plot_path(path: Path) -> None:
             f"--plot {path}: {named}, which names no image format matplotlib writes; the "
             f"suffix names the format: use one of {shown}"
         )
-    if path.is_dir():
-        raise ValueError(f"--plot {path} is a folder; name a file in it: {path / 'curves.png'}")
     folder = path.parent
     if not folder.is_dir():
         raise ValueError(f"--plot {path}: the folder {folder} does not exist; create it first")
