@@ -45,9 +45,9 @@ def start_detctx_run(tmp_path: Path, *script_args: str) -> tuple[subprocess.Pope
     script = tmp_path / "wait.py"
     script.write_text(textwrap.dedent(WAITING_SCRIPT))
     pid_file = tmp_path / "pid"
+    command = [sys.executable, str(script), str(pid_file), *script_args]
     runner = subprocess.Popen(
-        [sys.executable, "-m", "detctx", "run", "--", sys.executable, str(script), str(pid_file)]
-        + list(script_args),
+        [sys.executable, "-m", "detctx", "run", "--", *command],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
