@@ -95,9 +95,7 @@ def test_reading_a_huge_line_costs_time_linear_in_its_length(monkeypatch):
 
     monkeypatch.setattr("detctx.cli.lines.split_lines", counting_split)
     length = 8_000_000
-    code = (
-        f"import sys; sys.stdout.write('x' * {length} + ' loss: 0.5\\n' + 'step 2 loss: 0.25')"
-    )
+    code = f"import sys; sys.stdout.write('x' * {length} + ' loss: 0.5\\n' + 'step 2 loss: 0.25')"
 
     curve = repeat.run_command(
         [sys.executable, "-c", code], os.environ, compile_pattern(None), "run 1"
