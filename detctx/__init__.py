@@ -27,6 +27,7 @@ from detctx.errors import (
     NotReproducibleError,
     OutOfOrderExitError,
     RankDivergenceError,
+    SeedAgreementError,
     SeedMismatchError,
 )
 from detctx.seeds import DEFAULT_SEED, SEED_ENV, derive_seed, group_seed
@@ -64,6 +65,7 @@ __all__ = [
     "RNGState",
     "RankDivergenceError",
     "Run",
+    "SeedAgreementError",
     "SeedMismatchError",
     "Seeding",
     "Snapshot",

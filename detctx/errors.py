@@ -11,6 +11,7 @@ __all__ = [
     "NotReproducibleError",
     "OutOfOrderExitError",
     "RankDivergenceError",
+    "SeedAgreementError",
     "SeedMismatchError",
 ]
 
@@ -122,3 +123,33 @@ class RankDivergenceError(DetctxError, RuntimeError):
     def __init__(self, message: str, divergent: dict[int, tuple[str, ...]]) -> None:
         super().__init__(message)
         self.divergent = divergent
+
+
+class SeedAgreementError(DetctxError, RuntimeError):
+    """The ranks of a process group could not finish one of detctx's collectives together.
+
+    Raised by :func:`~detctx.distributed.agree_seed`, ``distributed_deterministic``
+    and ``verify_across_ranks`` on the ranks that were waiting, instead of
+    hanging until the process group's own timeout:
+
+    - ``missing``: the group ranks that did not arrive within ``timeout``
+      seconds (the ranks this rank waited for); ``None`` where that cannot be
+      told (no store reachable);
+    - ``failed``: on leaving a ``verify=True`` block, each group rank that
+      raised inside the block, mapped to its exception's class name
+      (``{1: "ValueError"}``). The rank that raised gets its own exception.
+
+    After a timeout the process group is left unusable (gloo closes its
+    connections); stop the job, or destroy and re-create the group.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        missing: tuple[int, ...] | None = None,
+        failed: dict[int, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.missing = missing
+        self.failed = {} if failed is None else failed
