@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from test_cli import detctx_command, megatron_log
 
 from detctx import __version__, cli
@@ -236,3 +238,23 @@ def test_the_demo_accepts_a_plot_and_checks_it_first(tmp_path, capsys):
 
     assert status == 2
     assert "names no image format" in capsys.readouterr().err
+
+
+@given(
+    st.text(alphabet=st.sampled_from(["a", "é", "\r", "\n", " ", "1", "€"]), max_size=60),
+    st.lists(st.integers(1, 7), min_size=1, max_size=30),
+)
+def test_any_chunking_gives_the_lines_of_the_whole_text(text: str, sizes: list[int]) -> None:
+    data = text.encode()
+    reader = LineReader()
+    lines: list[str] = []
+    start = 0
+    for size in sizes * (len(data) // max(sum(sizes), 1) + 1):
+        lines += reader.feed(reader.decode(data[start : start + size]))
+        start += size
+    lines += reader.feed(reader.decode(data[start:]))
+    lines += reader.finish()
+
+    whole = curves.split_lines(text)
+    expected = whole if whole[-1] else whole[:-1]
+    assert lines == expected

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from hypothesis import given
@@ -83,3 +85,21 @@ def test_seed_worker_outside_a_dataloader_worker_says_so_and_seeds_nothing(monke
         detctx.seed_worker(3)
 
     assert detctx.fingerprint() == before
+
+
+def reference_rule(text: str) -> int | None:
+    """The rule as the docs state it: ASCII digits, spaces/tabs around, in range."""
+    match = re.fullmatch(r"[ \t\r\n]*([0-9]+)[ \t\r\n]*", text, re.ASCII)
+    if match is None or int(match.group(1)) > MAX_SEED:
+        return None
+    return int(match.group(1))
+
+
+@given(st.one_of(st.text(), st.from_regex(r"\A[ \t]*[0-9_\u0660-\u0669+-]{1,12}[ \t]*\Z")))
+def test_any_text_is_read_exactly_by_the_documented_rule(text: str) -> None:
+    expected = reference_rule(text)
+    if expected is None:
+        with pytest.raises(ValueError, match="is not valid: expected an integer"):
+            parse_seed(text)
+    else:
+        assert parse_seed(text) == expected
