@@ -71,14 +71,17 @@ def stop_group(process: subprocess.Popen[bytes], signum: int, grace: float = GRA
     """Send ``signum`` to ``process``'s group, wait up to ``grace`` seconds for the process
     to exit, then SIGKILL whatever is left of the group."""
     _signal_group(process.pid, signum)
-    if signum != signal.SIGKILL:
-        try:
-            process.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            pass
-    # Members that outlived the leader (or ignored the signal) are killed now.
-    _signal_group(process.pid, int(signal.SIGKILL))
-    process.wait()
+    try:
+        if signum != signal.SIGKILL:
+            try:
+                process.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                pass
+    finally:
+        # Members that outlived the leader or ignored the signal are killed now, and so
+        # is everything when a second signal cuts the wait short.
+        _signal_group(process.pid, int(signal.SIGKILL))
+        process.wait()
 
 
 def _signal_group(pgid: int, signum: int) -> None:
