@@ -28,7 +28,6 @@ from detctx.distributed.agreement import (
 from detctx.distributed.arrival import DEFAULT_TIMEOUT_S, check_timeout
 from detctx.distributed.topology import warn_superpod
 from detctx.distributed.verification import verify_across_ranks, verify_on_exit
-from detctx.errors import DetctxError
 from detctx.settings import Seeding, Settings
 from detctx.snapshot import Snapshot
 from detctx.sources import RNGSource
@@ -224,7 +223,7 @@ class distributed_deterministic(deterministic):
             if self.verify and entered:
                 try:
                     verify_on_exit(self.group, self.timeout, exc)
-                except DetctxError:
+                except Exception:
                     if exc is None:
                         raise
                     # This rank raised in the body: that exception is the one to see.
