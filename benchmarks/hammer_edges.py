@@ -42,11 +42,12 @@ print("step 2 loss: 0.5", flush=True)
 """
 
 
-def processes_with(token: str) -> list[int]:
-    """Pids of live processes (zombies excluded) whose command line holds ``token``."""
+def processes_with(token: str, besides: int) -> list[int]:
+    """Pids of live processes (zombies excluded) whose command line holds ``token``,
+    other than ``besides`` (``detctx run`` itself, whose arguments hold it too)."""
     found = []
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+        if not entry.name.isdigit() or int(entry.name) == besides:
             continue
         try:
             cmdline = (entry / "cmdline").read_bytes()
@@ -61,8 +62,9 @@ def processes_with(token: str) -> list[int]:
 def hammer_signals(trials: int, seed: int) -> dict[str, Any]:
     rng = random.Random(seed)
     signals = [signal.SIGTERM, signal.SIGHUP, signal.SIGINT]
-    counts: dict[str, Any] = {"trials": trials, "orphans": 0, "unexpected_status": []}
-    counts["by_status"] = {}
+    counts: dict[str, Any] = {"trials": trials, "orphans": 0, "hung": 0, "unexpected": []}
+    counts["after_start"] = {}
+    counts["while_starting"] = {}
     with tempfile.TemporaryDirectory() as folder:
         script = Path(folder, "command.py")
         script.write_text(textwrap.dedent(COMMAND))
@@ -80,27 +82,29 @@ def hammer_signals(trials: int, seed: int) -> dict[str, Any]:
             else:
                 # After the first command has started: during a run or between runs.
                 deadline = time.monotonic() + 60
-                while not processes_with(token) and time.monotonic() < deadline:
+                while not processes_with(token, runner.pid) and time.monotonic() < deadline:
                     time.sleep(0.02)
                 time.sleep(rng.uniform(0.0, 2.0))
+            started = bool(processes_with(token, runner.pid)) or runner.poll() is not None
             runner.send_signal(signum)
             try:
                 status = runner.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 runner.kill()
                 status = runner.wait()
-                counts["unexpected_status"].append("hung")
+                counts["hung"] += 1
             time.sleep(0.2)
-            left = processes_with(token)
+            left = processes_with(token, runner.pid)
             counts["orphans"] += len(left)
             for pid in left:
                 os.kill(pid, signal.SIGKILL)
             key = f"{signal.Signals(signum).name} -> {status}"
-            counts["by_status"][key] = counts["by_status"].get(key, 0) + 1
-            # 0: every run finished before the signal; -signum: it came before detctx
-            # had installed its handlers (no command had been started yet).
-            if status not in (128 + signum, 0, -signum):
-                counts["unexpected_status"].append(key)
+            where = counts["after_start" if started else "while_starting"]
+            where[key] = where.get(key, 0) + 1
+            # Once a command has started: 128 + signal, or 0 when every run had finished
+            # before the signal came.
+            if started and status not in (128 + signum, 0):
+                counts["unexpected"].append(key)
     return counts
 
 
