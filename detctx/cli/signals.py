@@ -25,6 +25,8 @@ __all__ = ["GRACE_S", "Stopped", "forwarded_signals", "signal_of", "stop_group"]
 GRACE_S: Final = 5.0
 """Seconds a command has to exit after the forwarded signal before its group is killed."""
 
+# Windows has neither SIGKILL nor process groups; there the command alone is stopped.
+_KILL: Final = int(getattr(signal, "SIGKILL", signal.SIGTERM))
 _FORWARDED: Final = tuple(
     getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)
 )
@@ -64,15 +66,19 @@ def signal_of(exc: BaseException) -> int:
         return exc.signum
     if isinstance(exc, KeyboardInterrupt):
         return int(signal.SIGINT)
-    return int(signal.SIGKILL)
+    return _KILL
 
 
 def stop_group(process: subprocess.Popen[bytes], signum: int, grace: float = GRACE_S) -> None:
     """Send ``signum`` to ``process``'s group, wait up to ``grace`` seconds for the process
     to exit, then SIGKILL whatever is left of the group."""
+    if not hasattr(os, "killpg"):
+        process.kill()
+        process.wait()
+        return
     _signal_group(process.pid, signum)
     try:
-        if signum != signal.SIGKILL:
+        if signum != _KILL:
             try:
                 process.wait(timeout=grace)
             except subprocess.TimeoutExpired:
@@ -80,7 +86,7 @@ def stop_group(process: subprocess.Popen[bytes], signum: int, grace: float = GRA
     finally:
         # Members that outlived the leader or ignored the signal are killed now, and so
         # is everything when a second signal cuts the wait short.
-        _signal_group(process.pid, int(signal.SIGKILL))
+        _signal_group(process.pid, _KILL)
         process.wait()
 
 
