@@ -420,3 +420,14 @@ def test_hccl_collectives_use_the_current_npu() -> None:
 def test_agree_seed_refuses_a_bad_timeout_before_any_collective(timeout: Any, error: type) -> None:
     with pytest.raises(error, match="timeout"):
         detctx.agree_seed(5, timeout=timeout)
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/distributed.md"])
+def test_the_docs_call_verify_across_ranks_inside_a_block_where_it_holds(page: str) -> None:
+    # After the blocks each rank has put back its own pre-block state: a correct run
+    # could fail the check there. Every example call must sit inside a block.
+    text = (Path(__file__).resolve().parent.parent / page).read_text(encoding="utf-8")
+    calls = [line for line in text.splitlines() if "detctx.verify_across_ranks()" in line]
+    code_calls = [line for line in calls if not line.lstrip().startswith(("`", "-"))]
+    assert code_calls, "the page shows no call"
+    assert all(line.startswith((" ", "\t")) for line in code_calls), code_calls
