@@ -112,11 +112,12 @@ def _missing_ranks(
     try:
         store.set(keys[rank], "1")
         deadline = time.monotonic() + timeout
-        while True:
-            present = [bool(store.check([key])) for key in keys]
-            if all(present) or time.monotonic() >= deadline:
-                return tuple(other for other in range(world_size) if not present[other])
+        # One round trip per poll while waiting; key by key only once, at the end.
+        while not store.check(keys):
+            if time.monotonic() >= deadline:
+                return tuple(other for other in range(world_size) if not store.check([keys[other]]))
             time.sleep(_POLL_S)
+        return ()
     except (RuntimeError, ValueError):
         # The store lives in one rank's process (or torchrun's agent); it may be gone.
         return None
