@@ -36,6 +36,7 @@ if TYPE_CHECKING:
         NotReproducibleError,
         OutOfOrderExitError,
         RankDivergenceError,
+        SeedAgreementError,
         SeedMismatchError,
         TraceError,
     )
@@ -81,6 +82,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "NotReproducibleError",
         "OutOfOrderExitError",
         "RankDivergenceError",
+        "SeedAgreementError",
         "SeedMismatchError",
         "TraceError",
     ),
@@ -131,6 +133,7 @@ __all__ = [
     "RNGState",
     "RankDivergenceError",
     "Run",
+    "SeedAgreementError",
     "SeedMismatchError",
     "Seeding",
     "Snapshot",

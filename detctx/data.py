@@ -25,7 +25,7 @@ from typing import Final
 import numpy as np
 import torch
 
-from detctx.seeds import validate_seed
+from detctx.seeds import parse_seed, validate_seed
 from detctx.sources import registered_sources
 
 __all__ = ["current_rank", "loader_generator", "seed_worker"]
@@ -62,14 +62,15 @@ def current_rank() -> int:
     if dist.is_available() and dist.is_initialized():
         return int(dist.get_rank())
     for variable in _RANK_VARIABLES:
-        value = os.environ.get(variable, "").strip()
-        if value:
-            if not value.isdigit():
+        value = os.environ.get(variable, "")
+        if value.strip():
+            try:
+                return parse_seed(value, f"${variable}")
+            except ValueError as exc:
                 raise ValueError(
-                    f"${variable}={value!r} is not a rank (a non-negative integer); fix or "
-                    "unset it, or pass rank= to seed_worker"
-                )
-            return int(value)
+                    f"{exc}: it is read as this process's rank; fix or unset it, or pass "
+                    "rank= to seed_worker"
+                ) from None
     return 0
 
 
@@ -86,14 +87,23 @@ def seed_worker(worker_id: int, rank: int | None = None) -> None:
 
     The result is the same for the same generator seed, worker and rank, and
     different across workers and ranks. Use ``functools.partial(seed_worker,
-    rank=r)`` where the rank is known but not in the environment. Called
-    outside a worker it uses ``torch.initial_seed()`` as the worker's seed.
+    rank=r)`` where the rank is known but not in the environment.
+
+    It only runs inside a DataLoader worker: called anywhere else it raises
+    ``RuntimeError`` before anything is seeded (there is no worker seed to
+    derive from, and it would reseed this process's own RNGs for good).
     """
     worker_id = validate_seed(worker_id, "worker_id")
     rank = current_rank() if rank is None else validate_seed(rank, "rank")
     info = torch.utils.data.get_worker_info()
-    worker_seed = int(info.seed) if info is not None else torch.initial_seed()
-    base_seed = worker_seed - worker_id
+    if info is None:
+        raise RuntimeError(
+            f"seed_worker({worker_id}) was called outside a DataLoader worker: it is a "
+            "worker_init_fn, which the DataLoader calls in each worker process. Pass it as "
+            "DataLoader(..., num_workers=N, worker_init_fn=detctx.seed_worker) with N >= 1; "
+            "to seed this process, use detctx.deterministic or detctx.seed_all"
+        )
+    base_seed = int(info.seed) - worker_id
     # Accelerators are not in this registry, so a worker never touches a device.
     for name, source in registered_sources():
         key = zlib.crc32(name.encode())

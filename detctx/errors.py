@@ -5,12 +5,14 @@ from __future__ import annotations
 __all__ = [
     "CheckpointError",
     "DetctxError",
+    "DeterminismUnavailableError",
     "DeterminismWarning",
     "MetricsError",
     "MissingDependencyError",
     "NotReproducibleError",
     "OutOfOrderExitError",
     "RankDivergenceError",
+    "SeedAgreementError",
     "SeedMismatchError",
     "TraceError",
 ]
@@ -139,3 +141,33 @@ class TraceError(DetctxError, ValueError):
     or left through ``os._exit`` before its trace was closed), or a record
     that does not make sense. Run again to record a fresh trace.
     """
+
+
+class SeedAgreementError(DetctxError, RuntimeError):
+    """The ranks of a process group could not finish one of detctx's collectives together.
+
+    Raised by :func:`~detctx.distributed.agree_seed`, ``distributed_deterministic``
+    and ``verify_across_ranks`` on the ranks that were waiting, instead of
+    hanging until the process group's own timeout:
+
+    - ``missing``: the group ranks that did not arrive within ``timeout``
+      seconds (the ranks this rank waited for); ``None`` where that cannot be
+      told (no store reachable);
+    - ``failed``: on leaving a ``verify=True`` block, each group rank that
+      raised inside the block, mapped to its exception's class name
+      (``{1: "ValueError"}``). The rank that raised gets its own exception.
+
+    After a timeout the process group is left unusable (gloo closes its
+    connections); stop the job, or destroy and re-create the group.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        missing: tuple[int, ...] | None = None,
+        failed: dict[int, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.missing = missing
+        self.failed = {} if failed is None else failed

@@ -57,18 +57,37 @@ def validate_seed(seed: object, what: str = "seed") -> int:
 def parse_seed(text: str, what: str = "seed") -> int:
     """The seed written in ``text`` (an environment variable, a command-line option).
 
-    Surrounding whitespace is ignored; the rest must be an integer literal
-    (``42``, ``0x2a``) in ``[0, 2**32 - 1]``. Anything else raises
-    ``ValueError`` naming ``what``: this is the one rule for seed text
-    everywhere (``$DETCTX_SEED``, ``--detctx-seed``, ``detctx run --seed``).
+    The one rule for seed text everywhere (``$DETCTX_SEED``, ``--detctx-seed``,
+    ``detctx run --seed``, and ``$RANK``-like variables): ASCII decimal digits
+    only, leading zeros allowed, surrounding spaces and tabs ignored, in
+    ``[0, 2**32 - 1]``. Anything else (``'abc'``, ``'-1'``, ``'0x2a'``,
+    ``'1_000'``, the Arabic-Indic ``'٣'``, an out-of-range number) raises the
+    same ``ValueError`` naming ``what``::
+
+        from detctx.seeds import parse_seed
+        parse_seed("0042")            # 42
+        parse_seed("1_000", "--seed")  # ValueError: --seed='1_000' is not valid: ...
     """
-    try:
-        value = int(text.strip(), 0)
-    except ValueError:
+    if not isinstance(text, str):
+        raise TypeError(f"{what} must be text (a str), not {type(text).__name__} ({text!r})")
+    digits = text.strip(" \t\r\n")
+    # str.isdigit and int() accept any Unicode digit ('٣' is 3) and int() accepts
+    # '1_000', '+5' and ' 5 ': test for ASCII 0-9 ourselves. Leading zeros are
+    # dropped before the length check, so 10,000 zeros do not reach int().
+    significant = digits.lstrip("0")
+    if (
+        not digits
+        or not digits.isascii()
+        or not digits.isdigit()
+        or len(significant) > len(str(MAX_SEED))
+        or int(significant or "0") > MAX_SEED
+    ):
+        shown = repr(text) if len(text) <= 40 else f"{text[:32]!r}... ({len(text)} characters)"
         raise ValueError(
-            f"{what}={text!r} is not a seed: expected an integer in [0, {MAX_SEED}]"
-        ) from None
-    return validate_seed(value, what)
+            f"{what}={shown} is not valid: expected an integer in [0, {MAX_SEED}] written "
+            f"in ASCII decimal digits (0-9)"
+        )
+    return int(significant or "0")
 
 
 def fresh_seed() -> int:

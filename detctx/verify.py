@@ -128,6 +128,13 @@ def check_gradients(
 ) -> dict[str, Any]:
     """Prove a forward and backward pass of ``model`` reproduces, gradients included.
 
+    The arguments after ``model`` are the model's own positional arguments,
+    passed as they are: ``check_gradients(model, x)`` runs ``model(x)``,
+    ``check_gradients(model, x, mask)`` runs ``model(x, mask)``; a tuple of
+    inputs is unpacked by the caller, ``check_gradients(model, *inputs)``::
+
+        grads = detctx.check_gradients(model, x, loss_fn=lambda out: out.pow(2).mean())
+
     Each run, in a fresh ``deterministic(seed=seed)`` block, computes
     ``output = model(*inputs)`` and ``loss = loss_fn(output)`` (default: the
     sum of the output), calls ``loss.backward()`` with every gradient
@@ -153,7 +160,18 @@ def check_gradients(
         model.load_state_dict(saved_state)
         for _, param in named:
             param.grad = None
-        output = model(*inputs)
+        try:
+            output = model(*inputs)
+        except TypeError as exc:
+            if len(inputs) == 1 and isinstance(inputs[0], (tuple, list)):
+                kind = type(inputs[0]).__name__
+                raise TypeError(
+                    f"check_gradients called model({kind} of {len(inputs[0])}) and the model "
+                    f"refused it: {exc}. check_gradients passes the arguments after the model "
+                    f"to it as they are; to pass a {kind} of inputs as separate arguments, "
+                    f"unpack it: check_gradients(model, *inputs)"
+                ) from exc
+            raise
         loss = output.sum() if loss_fn is None else loss_fn(output)
         loss.backward()
         grads = {

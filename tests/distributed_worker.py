@@ -14,6 +14,7 @@ import multiprocessing
 import os
 import random
 import sys
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -24,7 +25,15 @@ import torch
 import torch.distributed as dist
 
 import detctx
-from detctx import RankDivergenceError, SeedMismatchError, distributed_deterministic
+from detctx import (
+    RankDivergenceError,
+    SeedAgreementError,
+    SeedMismatchError,
+    distributed_deterministic,
+)
+
+# Short, so that the scenarios where ranks are missing finish in seconds.
+FAILURE_TIMEOUT_S = 1.0
 
 
 def draws() -> list[float]:
@@ -126,6 +135,49 @@ def divergence(rank: int, world: int) -> dict[str, Any]:
     return seen
 
 
+def failures(rank: int, world: int) -> dict[str, Any]:
+    """Rank 1 raises inside a verify=True block; then the odd ranks never enter at all.
+
+    Runs last: after a timeout, gloo closes the connections it timed out on,
+    so the groups the missing ranks skipped are not used again.
+    """
+    seen: dict[str, Any] = {}
+    before = detctx.fingerprint()
+    try:
+        with distributed_deterministic(seed=3, verify=True):
+            if rank == 1:
+                raise ValueError("a bad batch")
+        seen["raised"] = None
+    except ValueError:
+        seen["raised"] = "its own ValueError"
+    except SeedAgreementError as exc:
+        seen["raised"] = {"message": str(exc), "failed": sorted(exc.failed.items())}
+    seen["restored_after_raise"] = detctx.fingerprint() == before
+    # Every rank creates the groups (a collective); then the odd ranks skip them.
+    block_group = dist.new_group(backend="gloo")
+    agree_group = dist.new_group(backend="gloo")
+    if rank % 2:
+        # Stay alive past the others' timeout: a rank stuck elsewhere, not a crash.
+        time.sleep(4 * FAILURE_TIMEOUT_S + 2)
+        return seen
+
+    def enter_block() -> None:
+        with distributed_deterministic(seed=3, group=block_group, timeout=FAILURE_TIMEOUT_S):
+            pass
+
+    def agree() -> None:
+        detctx.agree_seed(3, group=agree_group, timeout=FAILURE_TIMEOUT_S)
+
+    for name, attempt in {"block": enter_block, "agree_seed": agree}.items():
+        try:
+            attempt()
+            seen[name] = "entered"
+        except SeedAgreementError as exc:
+            seen[name] = {"message": str(exc), "missing": list(exc.missing or ())}
+    seen["restored_after_timeout"] = detctx.fingerprint() == before
+    return seen
+
+
 def train(rank: int, world: int) -> dict[str, Any]:
     from torch.nn.parallel import DistributedDataParallel
 
@@ -166,6 +218,7 @@ def run_rank(rank: int, world: int, port: int, out_dir: str, train_too: bool) ->
         }
         if train_too:
             result["train"] = train(rank, world)
+        result["failures"] = failures(rank, world)
     finally:
         dist.destroy_process_group()
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))

@@ -133,13 +133,17 @@ def test_doctor_prints_a_report_and_warns_about_hccl_and_hash_seeds():
     assert "hash randomisation is on" in warnings
 
 
-def test_demo_shows_bit_identical_curves_and_where_they_diverge_without_detctx():
-    result = detctx_command("demo")
+def test_demo_shows_bit_identical_curves_and_where_they_diverge_without_detctx(tmp_path):
+    pytest.importorskip("matplotlib")
+    picture = tmp_path / "demo.png"
+    result = detctx_command("demo", "--plot", str(picture))
 
     assert result.returncode == 0, result.stderr
     assert "run 1 and run 2 agree bit for bit at all 12 steps" in result.stdout
     assert "eval unscoped: diverges at step 5" in result.stdout
     assert "no seeding:    diverges at step" in result.stdout
+    assert f"plot written to {picture}" in result.stdout
+    assert picture.read_bytes().startswith(PNG_SIGNATURE)
 
 
 def test_the_console_script_runs_the_same_entry_point():
@@ -196,7 +200,7 @@ def exit_status(argv: list[str]) -> object:
     [
         (["compare", "--pattern", "loss=(", "a.log", "b.log"], "bad metric pattern"),
         (["run", "-n", "1", "--", "true"], "-n must be at least 2"),
-        (["run", "--seed", "-3", "--", "true"], "--seed must be in"),
+        (["run", "--seed", "-3", "--", "true"], "--seed='-3' is not valid"),
         (["run", "--", "no-such-command-for-detctx"], "command not found"),
         (["run", "--", sys.executable, "-c", "print('no metrics here')"], "no metric lines"),
         (["run", "--", sys.executable, "-c", "raise SystemExit(3)"], "exited with status 3"),

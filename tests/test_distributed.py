@@ -174,6 +174,36 @@ def test_ddp_training_loss_curve_is_bit_identical_across_launches(two_ranks_twic
     assert weights[0] == weights[1]  # and DDP keeps the replicas identical
 
 
+def test_a_rank_raising_in_a_verify_block_is_named_to_the_others(
+    ranks: list[dict[str, Any]],
+) -> None:
+    seen = by_rank(ranks, "failures")
+    assert seen[1]["raised"] == "its own ValueError"
+    others = [s["raised"] for rank, s in enumerate(seen) if rank != 1]
+    assert all(item["failed"] == [[1, "ValueError"]] for item in others)
+    assert all(
+        item["message"].startswith("rank 1 raised ValueError inside the distributed_deterministic")
+        for item in others
+    )
+    assert not any("differ" in item["message"] for item in others)
+    assert all(s["restored_after_raise"] for s in seen)
+
+
+def test_ranks_that_never_arrive_are_named_on_every_waiting_rank(
+    ranks: list[dict[str, Any]],
+) -> None:
+    world = len(ranks)
+    missing = [rank for rank in range(world) if rank % 2]
+    named = "rank 1" if world == 2 else "ranks 1, 3"
+    for rank in range(0, world, 2):
+        seen = ranks[rank]["failures"]
+        for form in ("block", "agree_seed"):
+            assert seen[form]["missing"] == missing, (rank, form)
+            assert f"{named} did not arrive" in seen[form]["message"]
+            assert "did not complete within 1 s" in seen[form]["message"]
+        assert seen["restored_after_timeout"]
+
+
 # --- outside a process group ---------------------------------------------------------------
 
 
@@ -219,6 +249,12 @@ def test_decorated_function_runs_in_its_own_block() -> None:
         ({"seed": 1.5}, TypeError),
         ({"seed": -3}, ValueError),
         ({"hccl": "maybe"}, ValueError),
+        ({"timeout": 0}, ValueError),
+        ({"timeout": -1.0}, ValueError),
+        ({"timeout": float("inf")}, ValueError),
+        ({"timeout": float("nan")}, ValueError),
+        ({"timeout": "60"}, TypeError),
+        ({"timeout": True}, TypeError),
     ],
 )
 def test_bad_arguments_fail_at_construction(kwargs: dict[str, Any], error: type) -> None:
@@ -378,3 +414,20 @@ def test_hccl_collectives_use_the_current_npu() -> None:
         """
     )
     assert out.strip() == "ok"
+
+
+@pytest.mark.parametrize(("timeout", "error"), [(0, ValueError), ("1", TypeError)])
+def test_agree_seed_refuses_a_bad_timeout_before_any_collective(timeout: Any, error: type) -> None:
+    with pytest.raises(error, match="timeout"):
+        detctx.agree_seed(5, timeout=timeout)
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/distributed.md"])
+def test_the_docs_call_verify_across_ranks_inside_a_block_where_it_holds(page: str) -> None:
+    # After the blocks each rank has put back its own pre-block state: a correct run
+    # could fail the check there. Every example call must sit inside a block.
+    text = (Path(__file__).resolve().parent.parent / page).read_text(encoding="utf-8")
+    calls = [line for line in text.splitlines() if "detctx.verify_across_ranks()" in line]
+    code_calls = [line for line in calls if not line.lstrip().startswith(("`", "-"))]
+    assert code_calls, "the page shows no call"
+    assert all(line.startswith((" ", "\t")) for line in code_calls), code_calls

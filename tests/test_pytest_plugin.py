@@ -244,7 +244,7 @@ def test_a_failure_under_detctx_seed_replays_exactly(helpers: pytest.Pytester) -
     )
 
 
-@pytest.mark.parametrize("value", ["five", "-1", str(2**32)])
+@pytest.mark.parametrize("value", ["five", "-1", str(2**32), "٣", "1_000"])
 def test_a_bad_detctx_seed_is_a_usage_error(pytester: pytest.Pytester, value: str) -> None:
     pytester.makepyfile(test_nothing="def test_nothing(): pass")
     result = pytester.runpytest("--detctx-seed", value)

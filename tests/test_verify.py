@@ -217,3 +217,31 @@ def test_a_backward_pass_that_is_not_reproducible_is_named_by_parameter():
 def test_check_gradients_wants_a_module():
     with pytest.raises(TypeError, match=r"torch\.nn\.Module"):
         detctx.check_gradients(lambda x: x, torch.zeros(1))
+
+
+class TwoInputs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) * scale
+
+
+def test_a_tuple_of_inputs_is_passed_unpacked_like_the_models_own_arguments():
+    inputs = (torch.randn(3, 4), torch.full((3, 1), 2.0))
+
+    result = detctx.check_gradients(TwoInputs(), *inputs)
+
+    assert result["output"].shape == (3, 1)
+
+
+def test_a_tuple_passed_without_unpacking_gets_told_to_unpack_it():
+    model = TwoInputs()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    inputs = (torch.randn(3, 4), torch.full((3, 1), 2.0))
+
+    with pytest.raises(TypeError, match=r"unpack it: check_gradients\(model, \*inputs\)"):
+        detctx.check_gradients(model, inputs)
+
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

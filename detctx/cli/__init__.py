@@ -27,6 +27,8 @@ from detctx.cli.curves import (
     plot,
 )
 from detctx.cli.logs import read_curve
+from detctx.cli.plot_target import check_plot_path
+from detctx.cli.signals import Stopped, forwarded_signals
 from detctx.errors import DetctxError, MetricsError
 from detctx.seeds import DEFAULT_SEED, SEED_ENV, parse_seed, resolve_seed
 
@@ -48,6 +50,25 @@ def _seed_argument(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _runs_argument(text: str) -> int:
+    try:
+        runs = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"-n takes a number of runs, got {text!r}") from None
+    if runs < 2:
+        raise argparse.ArgumentTypeError(f"-n must be at least 2 to compare anything, got {runs}")
+    return runs
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("detctx")
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        return "unknown (not installed)"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="detctx",
@@ -55,6 +76,7 @@ def _parser() -> argparse.ArgumentParser:
         "twice and compare its loss curves, compare two logs.",
         epilog="Exit status: 0 agree, 1 differ, 2 bad usage or unreadable curves.",
     )
+    parser.add_argument("--version", action="version", version=f"detctx {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
 
@@ -79,18 +101,25 @@ def _parser() -> argparse.ArgumentParser:
         "else the whole match (default: the training loss of Megatron/MindSpeed, "
         "Lightning, HF Trainer and plain 'loss: x' lines)",
     )
-    curve_options.add_argument(
-        "--plot", metavar="FILE.png", type=Path, help="write the curves and their difference"
+    plot_option = _Parser(add_help=False)
+    plot_option.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        type=Path,
+        help="write the curves and their difference; the suffix names the format (.png, .pdf, "
+        ".svg, ...); checked before anything runs",
     )
 
     run = commands.add_parser(
         "run",
-        parents=[curve_options],
+        parents=[curve_options, plot_option],
         help="run a command several times with the determinism environment; compare curves",
         usage="detctx run [-n N] [--seed S] [--pattern RE] [--plot FILE.png] "
         "[--log-dir DIR] [-v] [--locate] -- CMD ...",
     )
-    run.add_argument("-n", "--runs", type=int, default=2, help="how many runs (default 2)")
+    run.add_argument(
+        "-n", "--runs", type=_runs_argument, default=2, help="how many runs (default 2)"
+    )
     run.add_argument(
         "--seed",
         type=_seed_argument,
@@ -105,10 +134,11 @@ def _parser() -> argparse.ArgumentParser:
         "where the runs part, with its module and source line",
     )
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
+    run.set_defaults(command_parser=run)
 
     compare_ = commands.add_parser(
         "compare",
-        parents=[curve_options],
+        parents=[curve_options, plot_option],
         help="compare the curves of two logs (text, Lightning metrics.csv, HF trainer_state.json)",
     )
     compare_.add_argument("logs", nargs=2, type=Path, metavar="LOG")
@@ -119,7 +149,11 @@ def _parser() -> argparse.ArgumentParser:
         "':' or '=' in a text log (default: the training loss)",
     )
 
-    commands.add_parser("demo", help="train a small model twice and show the curves agree")
+    commands.add_parser(
+        "demo",
+        parents=[plot_option],
+        help="train a small model twice and show the curves agree",
+    )
     return parser
 
 
@@ -130,23 +164,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "doctor":
             return _doctor(args)
+        if getattr(args, "plot", None) is not None:
+            load_pyplot()
+            check_plot_path(args.plot)
         if args.command == "demo":
             from detctx.cli import demo
 
-            return demo.main()
+            return demo.main(plot_path=args.plot)
         pattern = compile_pattern(args.pattern)
-        if args.plot is not None:
-            load_pyplot()
         if args.command == "compare":
             curves = [read_curve(p, pattern=args.pattern, metric=args.metric) for p in args.logs]
             return _report(compare(curves), args.plot)
-        return _run(parser, args, pattern)
+        with forwarded_signals():
+            return _run(args.command_parser, args, pattern)
     except (DetctxError, ValueError, OSError) as exc:
         sys.stderr.write(f"detctx: error: {exc}\n")
         return USAGE
     except KeyboardInterrupt:
         sys.stderr.write("detctx: interrupted\n")
         return 130
+    except Stopped as stopped:
+        sys.stderr.write(f"detctx: {stopped}; the command was stopped too\n")
+        return 128 + stopped.signum
 
 
 def _doctor(args: argparse.Namespace) -> int:
@@ -176,8 +215,6 @@ def _run(
         command = command[1:]
     if not command:
         parser.error("run needs a command after --, e.g. detctx run -- python train.py")
-    if args.runs < 2:
-        parser.error(f"-n must be at least 2 to compare anything, got {args.runs}")
     if args.seed is not None:
         seed = args.seed
     elif os.environ.get(SEED_ENV, "").strip():
@@ -212,7 +249,13 @@ def _run(
 
 def _report(comparison: Comparison, plot_path: Path | None) -> int:
     print(describe(comparison))
+    verdict = AGREE if comparison.agree else DIFFER
     if plot_path is not None:
-        plot(comparison, plot_path)
+        try:
+            plot(comparison, plot_path)
+        except (DetctxError, ValueError, OSError) as exc:
+            # The path was checked up front; if it broke since, the verdict still stands.
+            sys.stderr.write(f"detctx: error: the plot could not be written: {exc}\n")
+            return verdict
         print(f"plot written to {plot_path}")
-    return AGREE if comparison.agree else DIFFER
+    return verdict

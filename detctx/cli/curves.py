@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from detctx.cli.plot_target import plot_format
 from detctx.equality import same_float
 from detctx.errors import MetricsError, MissingDependencyError
 
@@ -216,14 +217,20 @@ def compare(curves: Sequence[Curve]) -> Comparison:
 
 
 def describe(comparison: Comparison, what: str = "metric") -> str:
-    """A summary of the comparison, a table around the first divergence, and the verdict."""
+    """A summary of the comparison, a table around the first divergence, and the verdict.
+
+    Curves of different lengths (a run that stopped early, a truncated log)
+    differ; the summary says where the shorter ones end, and how the points
+    all curves have compare.
+    """
     curves = comparison.curves
     lines = []
     counts = ", ".join(f"{curve.name}: {len(curve.points)}" for curve in curves)
     if comparison.agree:
         points = curves[0].points
+        values = f"{what} value" if len(points) == 1 else f"{what} values"
         lines.append(
-            f"{len(curves)} curves agree bit for bit on all {len(points)} {what} values "
+            f"{len(curves)} curves agree bit for bit on all {len(points)} {values} "
             f"(first {points[0].text}, last {points[-1].text})."
         )
         return "\n".join(lines)
@@ -231,6 +238,10 @@ def describe(comparison: Comparison, what: str = "metric") -> str:
     assert first is not None
     lines.append(f"points per curve: {counts}")
     lines.append(_table(curves, max(0, first - 2), min(comparison.length, first + 4)))
+    common = min(len(curve.points) for curve in curves)
+    if common < comparison.length:
+        lines.append(_lengths(comparison, common))
+        return "\n".join(lines)
     where = _where(curves, first)
     lines.append(
         f"curves DIFFER: first divergence at point {first + 1}{where}; "
@@ -238,6 +249,38 @@ def describe(comparison: Comparison, what: str = "metric") -> str:
         f"max abs difference {comparison.max_abs_diff:.6g}."
     )
     return "\n".join(lines)
+
+
+def _lengths(comparison: Comparison, common: int) -> str:
+    """The verdict for curves of different lengths: where each short one ends, then the
+    comparison of the ``common`` points every curve has."""
+    ends = []
+    for curve in comparison.curves:
+        if len(curve.points) == comparison.length:
+            continue
+        if curve.points:
+            last = curve.points[-1]
+            step = f"step {last.step}, " if last.step is not None else ""
+            ends.append(
+                f"{curve.name} ends after point {len(curve.points)} ({step}line {last.line})"
+            )
+        else:
+            ends.append(f"{curve.name} has no points")
+    head = f"curves DIFFER in length: {comparison.length} points in the longest, {'; '.join(ends)}."
+    if common == 0:
+        return head
+    within = compare([Curve(c.name, c.points[:common]) for c in comparison.curves])
+    if within.agree:
+        return (
+            f"{head} The {common} points all curves have agree bit for bit; a run stopped "
+            f"early or a log was cut short."
+        )
+    assert within.first is not None
+    return (
+        f"{head} Within the {common} points all curves have: first divergence at point "
+        f"{within.first + 1}{_where(comparison.curves, within.first)}; {within.differing} "
+        f"of {common} differ, max abs difference {within.max_abs_diff:.6g}."
+    )
 
 
 def _where(curves: Sequence[Curve], index: int) -> str:
@@ -274,7 +317,9 @@ def _table(curves: Sequence[Curve], start: int, stop: int) -> str:
 
 
 def plot(comparison: Comparison, path: str | Path, what: str = "metric") -> None:
-    """Write a PNG: the curves overlaid, and each curve minus the first, point by point.
+    """Write a picture: the curves overlaid, and each curve minus the first, point by point.
+
+    The suffix of ``path`` names the format (``.png``, ``.pdf``, ``.svg``, ...).
 
     Needs matplotlib (``pip install 'detctx[plot]'``); raises
     :class:`~detctx.errors.MissingDependencyError` without it.
@@ -307,7 +352,7 @@ def plot(comparison: Comparison, path: str | Path, what: str = "metric") -> None
         top.legend(loc="best", fontsize="small")
         bottom.legend(loc="best", fontsize="small")
         figure.tight_layout()
-        figure.savefig(str(path), format="png")
+        figure.savefig(str(path), format=plot_format(path))
     finally:
         pyplot.close(figure)
 

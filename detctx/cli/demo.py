@@ -18,6 +18,7 @@ import random
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import IO, Final
 
 import numpy as np
@@ -25,6 +26,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from detctx.cli.curves import Curve, Point, compare, plot
 from detctx.context import deterministic
 from detctx.data import loader_generator, seed_worker
 from detctx.equality import same_float
@@ -121,9 +123,13 @@ def _cell(reference: float, value: float) -> str:
     return "=" if same_float(reference, value) else str(np.float32(value))
 
 
-def main(out: IO[str] | None = None, progress: IO[str] | None = None) -> int:
+def main(
+    out: IO[str] | None = None, progress: IO[str] | None = None, plot_path: Path | None = None
+) -> int:
     """Run the demo (table to ``out``, default stdout; progress to ``progress``, default
-    stderr); 0 when the two detctx runs agree bit for bit, 1 otherwise."""
+    stderr); 0 when the two detctx runs agree bit for bit, 1 otherwise. With
+    ``plot_path``, the four loss curves and their differences from run 1 are drawn there
+    too (the suffix names the format)."""
     out = sys.stdout if out is None else out
     progress = sys.stderr if progress is None else progress
     started = time.monotonic()
@@ -184,9 +190,18 @@ def main(out: IO[str] | None = None, progress: IO[str] | None = None) -> int:
             "order, other noise",
         )
     )
+    if plot_path is not None:
+        plot(compare([_curve(name, curves[name]) for name in names]), plot_path, "training loss")
+        out.write(f"\nplot written to {plot_path}\n")
     out.write(f"\n({time.monotonic() - started:.1f} s)\n")
     out.flush()
     return 0 if agree else 1
+
+
+def _curve(name: str, losses: list[float]) -> Curve:
+    return Curve(
+        name, tuple(Point(loss, repr(loss), step, step) for step, loss in enumerate(losses, 1))
+    )
 
 
 def _in_block(*, scoped_eval: bool) -> list[float]:

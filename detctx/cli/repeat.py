@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -13,7 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Final
 
-from detctx.cli.curves import Curve, Point, parse_line, split_lines
+from detctx.cli.curves import Curve, Point, parse_line
+from detctx.cli.lines import LineReader
+from detctx.cli.signals import signal_of, stop_group
 from detctx.errors import MetricsError
 from detctx.seeds import SEED_ENV
 from detctx.switches import env_switches
@@ -24,6 +27,8 @@ _PROGRESS_EVERY: Final = 2.0
 """Seconds between progress reports on stderr."""
 
 _TAIL_LINES: Final = 15
+_TAIL_WIDTH: Final = 300
+"""Characters of each of the last lines shown when a run fails."""
 
 
 class RunFailed(MetricsError):
@@ -73,7 +78,8 @@ class _Progress:
         if self.last is not None:
             step = f" at step {self.last.step}" if self.last.step is not None else ""
             latest = f", latest {self.last.text}{step}"
-        text = f"{self.label}: {self.points} metric values{latest} ({now - self.started:.0f} s)"
+        values = "metric value" if self.points == 1 else "metric values"
+        text = f"{self.label}: {self.points} {values}{latest} ({now - self.started:.0f} s)"
         if self.stream.isatty():
             self.stream.write("\r\033[K" + text + ("\n" if final else ""))
         else:
@@ -96,7 +102,10 @@ def run_command(
     Progress (metric values so far, the latest one) goes to ``progress`` (stderr);
     ``echo`` copies the command's output to stdout; ``log_path`` keeps it.
     Raises :class:`RunFailed` if it exits with a non-zero status and
-    :class:`~detctx.errors.MetricsError` if it cannot be started.
+    :class:`~detctx.errors.MetricsError` if it cannot be started. The command
+    runs in its own process group; if reading is interrupted (Ctrl-C, or
+    :class:`~detctx.cli.signals.Stopped` for SIGTERM / SIGHUP) the same signal
+    goes to that group, which is killed if it is still there after a short wait.
     """
     try:
         process = subprocess.Popen(
@@ -105,6 +114,7 @@ def run_command(
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     except FileNotFoundError:
         raise MetricsError(f"command not found: {command[0]}") from None
@@ -115,7 +125,7 @@ def run_command(
     points: list[Point] = []
     tail: list[str] = []
     log = open(log_path, "w", encoding="utf-8") if log_path is not None else None
-    pending = ""
+    reader = LineReader()
     number = 0
 
     def take(line: str) -> None:
@@ -136,33 +146,48 @@ def run_command(
             chunk = stdout.read1(65536)
             if not chunk:
                 break
-            text = chunk.decode("utf-8", errors="replace")
+            text = reader.decode(chunk)
             if echo:
                 sys.stdout.write(text)
                 sys.stdout.flush()
             if log is not None:
                 log.write(text)
-            *lines, pending = split_lines(pending + text)
-            for line in lines:
+            for line in reader.feed(text):
                 take(line)
-        if pending:
-            take(pending)
+        for line in reader.finish():
+            take(line)
         status = process.wait()
-    except BaseException:
-        process.kill()
-        process.wait()
+    except BaseException as exc:
+        stop_group(process, signal_of(exc))
         raise
     finally:
         if log is not None:
             log.close()
     tracker.update(None, final=True)
     if status != 0:
-        shown = "\n".join(f"    {line}" for line in tail if line.strip())
-        raise RunFailed(
-            f"{label} failed: {shlex.join(command)} exited with status {status}; "
-            f"its last lines:\n{shown}"
-        )
+        ended = _exit_text(status)
+        raise RunFailed(f"{label} failed: {shlex.join(command)} {ended}; {_tail(tail)}")
     return Curve(label, tuple(points))
+
+
+def _exit_text(status: int) -> str:
+    if status < 0:
+        try:
+            return f"was killed by {signal.Signals(-status).name}"
+        except ValueError:
+            return f"was killed by signal {-status}"
+    return f"exited with status {status}"
+
+
+def _tail(lines: Sequence[str]) -> str:
+    shown = [line for line in lines if line.strip()]
+    if not shown:
+        return "it printed nothing (run it by hand to see why)"
+    cut = [
+        line if len(line) <= _TAIL_WIDTH else f"{line[:_TAIL_WIDTH]}... ({len(line)} characters)"
+        for line in shown
+    ]
+    return "its last lines:\n" + "\n".join(f"    {line}" for line in cut)
 
 
 def log_file(directory: Path | None, index: int) -> Path | None:

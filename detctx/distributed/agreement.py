@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from detctx.distributed.topology import all_gather_rows, in_process_group, rank_and_size
+from detctx.distributed.arrival import DEFAULT_TIMEOUT_S, check_timeout, gather_rows, ranks_text
+from detctx.distributed.topology import in_process_group, rank_and_size
 from detctx.errors import SeedMismatchError
 from detctx.seeds import SEED_ENV, derive_seed, group_seed, resolve_seed, validate_seed
 from detctx.settings import Seeding
@@ -80,6 +81,7 @@ def agree_seed(
     group: Any = None,
     src: int = 0,
     per_rank: bool = False,
+    timeout: float = DEFAULT_TIMEOUT_S,
 ) -> int:
     """The seed every rank of ``group`` agrees on, in one ``all_gather``.
 
@@ -90,10 +92,16 @@ def agree_seed(
     rank raises the same :class:`~detctx.errors.SeedMismatchError`. Nothing is
     seeded. Outside a process group, returns the resolved seed.
 
+    Each rank waits at most ``timeout`` seconds for the others; if some never
+    arrive, every waiting rank raises :class:`~detctx.errors.SeedAgreementError`
+    naming them, instead of waiting for the process group's own timeout::
+
+        seed = detctx.agree_seed(None, timeout=60.0)
+
     This is the agreement step of :class:`distributed_deterministic` alone.
     """
     checked = check_arguments(seed, per_rank, group, src)
-    return agree(checked, per_rank, group, src).shared_seed
+    return agree(checked, per_rank, group, src, check_timeout(timeout)).shared_seed
 
 
 def check_arguments(seed: object, per_rank: object, group: object, src: object) -> int | None:
@@ -116,7 +124,9 @@ def check_arguments(seed: object, per_rank: object, group: object, src: object) 
     return checked
 
 
-def agree(seed: int | None, per_rank: bool, group: Any, src: int) -> Agreement:
+def agree(
+    seed: int | None, per_rank: bool, group: Any, src: int, timeout: float = DEFAULT_TIMEOUT_S
+) -> Agreement:
     """Agree with the other ranks on the seed of one entry (arguments already checked)."""
     if not in_process_group():
         shared = resolve_seed(seed)
@@ -135,7 +145,11 @@ def agree(seed: int | None, per_rank: bool, group: Any, src: int) -> Agreement:
             row = [-1, _UNRESOLVED, int(per_rank)]
     else:
         row = [-1, _DRAWN, int(per_rank)]
-    rows = [row] if world_size == 1 else all_gather_rows(row, group, world_size)
+    rows = (
+        [row]
+        if world_size == 1
+        else gather_rows(row, group, rank, world_size, timeout, "the seed agreement")
+    )
     try:
         shared = decide(rows, src_rank)
     except ValueError as exc:
@@ -209,17 +223,3 @@ def grouped(labels: Sequence[str]) -> str:
     for rank, label in enumerate(labels):
         ranks_of.setdefault(label, []).append(rank)
     return "; ".join(f"{label} on {ranks_text(ranks)}" for label, ranks in ranks_of.items())
-
-
-def ranks_text(ranks: Sequence[int]) -> str:
-    """``"ranks 0-3, 7"``: consecutive ranks as ranges, so a thousand ranks stay readable."""
-    spans: list[str] = []
-    start = previous = ranks[0]
-    for rank in [*ranks[1:], None]:
-        if rank is not None and rank == previous + 1:
-            previous = rank
-            continue
-        spans.append(str(start) if start == previous else f"{start}-{previous}")
-        if rank is not None:
-            start = previous = rank
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(spans)

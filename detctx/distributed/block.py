@@ -25,8 +25,9 @@ from detctx.distributed.agreement import (
     agree,
     check_arguments,
 )
+from detctx.distributed.arrival import DEFAULT_TIMEOUT_S, check_timeout
 from detctx.distributed.topology import warn_superpod
-from detctx.distributed.verification import verify_across_ranks
+from detctx.distributed.verification import verify_across_ranks, verify_on_exit
 from detctx.settings import Seeding, Settings
 from detctx.snapshot import Snapshot
 from detctx.sources import RNGSource
@@ -40,7 +41,7 @@ logger = logging.getLogger("detctx")
 class AgreedSettings(Settings):
     """Settings whose seed is agreed across the ranks of ``group`` on every entry."""
 
-    __slots__ = ("group", "per_rank", "src")
+    __slots__ = ("group", "per_rank", "src", "timeout")
 
     def __init__(
         self,
@@ -50,18 +51,20 @@ class AgreedSettings(Settings):
         per_rank: bool,
         group: Any,
         src: int,
+        timeout: object = DEFAULT_TIMEOUT_S,
     ) -> None:
         super().__init__(seed, switches, caller="distributed_deterministic")
         check_arguments(None, per_rank, group, src)
         self.per_rank = per_rank
         self.group = group
         self.src = src
+        self.timeout = check_timeout(timeout)
 
     def agree(self) -> Agreement:
         """Agree with the other ranks on this entry's seed (a collective)."""
         if self.switches["hccl"] is not False:
             warn_superpod()
-        return agree(self.seed, self.per_rank, self.group, self.src)
+        return agree(self.seed, self.per_rank, self.group, self.src, self.timeout)
 
     def resolve_seed(self) -> int:
         # The decorated generator/coroutine forms seed their world through this: a
@@ -109,8 +112,21 @@ class distributed_deterministic(deterministic):
     further streams with :meth:`DistributedRun.group_seed`.
 
     ``verify=True`` runs :func:`verify_across_ranks` after seeding on entry and
-    before restoring on exit (skipped when the block exits with an exception:
-    the other ranks may still be inside the body, in another collective).
+    before restoring on exit. Every rank takes part in the exit check whatever
+    happened in the body: if a rank raised, it goes on with its own exception
+    and the others raise :class:`~detctx.errors.SeedAgreementError` saying
+    "rank 1 raised ValueError inside the block" rather than reporting a
+    divergence.
+
+    ``timeout`` (seconds, default 300) bounds each of these collectives: a
+    rank that waits longer for the others (one never entered the block,
+    crashed, or is stuck in another collective) raises
+    :class:`~detctx.errors.SeedAgreementError` naming the ranks that did not
+    arrive, after up to twice ``timeout`` (the second half spent learning who
+    is missing), instead of hanging until the process group's timeout::
+
+        with detctx.distributed_deterministic(seed=1234, timeout=60.0):
+            train()
 
     The switches are those of :class:`deterministic`. ``HCCL_DETERMINISTIC``
     is read by torch_npu when the first HCCL communicator is configured, so
@@ -136,12 +152,13 @@ class distributed_deterministic(deterministic):
         group: Any = None,
         src: int = 0,
         verify: bool = False,
+        timeout: float = DEFAULT_TIMEOUT_S,
         **switches: Unpack[SwitchOptions],
     ) -> None:
         if not isinstance(verify, bool):
             raise TypeError(f"verify must be True or False, got {verify!r}")
         self._settings = self._agreed = AgreedSettings(
-            seed, switches, per_rank=per_rank, group=group, src=src
+            seed, switches, per_rank=per_rank, group=group, src=src, timeout=timeout
         )
         self.verify = verify
 
@@ -154,6 +171,11 @@ class distributed_deterministic(deterministic):
     def group(self) -> Any:
         """The process group the ranks agree over (``None``: the default group)."""
         return self._agreed.group
+
+    @property
+    def timeout(self) -> float:
+        """Seconds each rank waits for the others in the block's collectives."""
+        return self._agreed.timeout
 
     @property
     def src(self) -> int:
@@ -169,6 +191,7 @@ class distributed_deterministic(deterministic):
                 ("group", self.group, None),
                 ("src", self.src, 0),
                 ("verify", self.verify, False),
+                ("timeout", self.timeout, DEFAULT_TIMEOUT_S),
             )
             if value != default
         ]
@@ -183,7 +206,7 @@ class distributed_deterministic(deterministic):
         assert isinstance(seeding, DistributedSeeding)
         if self.verify:
             try:
-                verify_across_ranks(self.group)
+                verify_across_ranks(self.group, timeout=self.timeout)
             except BaseException:
                 frames.exit(self)
                 raise
@@ -197,7 +220,12 @@ class distributed_deterministic(deterministic):
     ) -> None:
         entered = any(frame.owner is self for frame in frames.context_frames())
         try:
-            if self.verify and exc_type is None and entered:
-                verify_across_ranks(self.group)
+            if self.verify and entered:
+                try:
+                    verify_on_exit(self.group, self.timeout, exc)
+                except Exception:
+                    if exc is None:
+                        raise
+                    # This rank raised in the body: that exception is the one to see.
         finally:
             frames.exit(self)

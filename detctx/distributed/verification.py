@@ -17,18 +17,28 @@ from typing import Any, Final
 from detctx import frames
 from detctx.accelerators import AcceleratorSource
 from detctx.distributed.agreement import DistributedSeeding, check_arguments, ranks_text
-from detctx.distributed.topology import all_gather_rows, in_process_group, rank_and_size
-from detctx.errors import RankDivergenceError
+from detctx.distributed.arrival import DEFAULT_TIMEOUT_S, check_timeout, gather_rows
+from detctx.distributed.topology import in_process_group, rank_and_size
+from detctx.errors import RankDivergenceError, SeedAgreementError
 from detctx.seeds import derive_seed
 from detctx.snapshot import Snapshot, active_sources
 from detctx.sources import RNGSource
 
-__all__ = ["compare_rows", "innermost_seeding", "verification_row", "verify_across_ranks"]
+__all__ = [
+    "compare_rows",
+    "innermost_seeding",
+    "verification_row",
+    "verify_across_ranks",
+    "verify_on_exit",
+]
 
 # Fingerprint slots in a verification row; sources beyond the last slot are
 # folded into it, which keeps the row the same size on every rank.
 _SLOTS: Final = 32
 _OUTSIDE, _SHARED, _PER_RANK = 0, 1, 2
+# On leaving a verify=True block each row starts with [raised, 5 words of the class name].
+_NAME_WORDS: Final = 5
+_OUTCOME: Final = 1 + _NAME_WORDS
 
 
 def innermost_seeding() -> DistributedSeeding | None:
@@ -39,7 +49,7 @@ def innermost_seeding() -> DistributedSeeding | None:
     return None
 
 
-def verify_across_ranks(group: Any = None) -> None:
+def verify_across_ranks(group: Any = None, *, timeout: float = DEFAULT_TIMEOUT_S) -> None:
     """Check, in one small ``all_gather``, that the ranks' RNG states agree.
 
     Each rank sends, for every managed RNG source, an 8-byte fingerprint of
@@ -58,24 +68,91 @@ def verify_across_ranks(group: Any = None) -> None:
 
     ``group`` defaults to the group of the innermost enclosing
     :class:`distributed_deterministic` block, else the default group. Every
-    rank of the group must call it. Outside a process group, or in a group of
+    rank of the group must call it, and each waits at most ``timeout`` seconds
+    for the others (then :class:`~detctx.errors.SeedAgreementError`, naming
+    the ranks that did not arrive). Outside a process group, or in a group of
     one, there is nothing to compare and it returns at once. Nothing is changed.
+
+    Call it inside the block, where every rank is in the agreed state: after
+    the block each rank has put back its own state from before the block,
+    which differs across ranks whenever they drew different amounts before::
+
+        with detctx.distributed_deterministic(seed=1234):
+            train_step()
+            detctx.verify_across_ranks()
     """
+    _verify(group, check_timeout(timeout), None, outcome=False)
+
+
+def verify_on_exit(group: Any, timeout: float, raised: BaseException | None) -> None:
+    """The check on leaving a ``verify=True`` block, taken part in whatever happened.
+
+    One gather of each rank's outcome (did it raise inside the block, and
+    what) and its verification row. If a rank raised, the others raise
+    :class:`~detctx.errors.SeedAgreementError` saying which rank raised what,
+    not a misleading divergence; the rank that raised returns (its own
+    exception goes on). Otherwise as :func:`verify_across_ranks`.
+    """
+    _verify(group, timeout, raised, outcome=True)
+
+
+def _verify(group: Any, timeout: float, raised: BaseException | None, *, outcome: bool) -> None:
     seeding = innermost_seeding()
     if group is None and seeding is not None:
         group = seeding.group
     check_arguments(None, False, group, 0)
     if not in_process_group():
         return
-    _, world_size = rank_and_size(group)
+    rank, world_size = rank_and_size(group)
     if world_size == 1:
         return
     sources = sorted(active_sources(), key=lambda item: item[0])
     names = [name for name, _ in sources]
     row = verification_row(seeding, sources)
-    divergent = compare_rows(all_gather_rows(row, group, world_size), row, names)
+    if not outcome:
+        rows = gather_rows(row, group, rank, world_size, timeout, "the verification")
+        divergent = compare_rows(rows, row, names)
+    else:
+        head = _outcome_row(raised)
+        rows = gather_rows(
+            [*head, *row], group, rank, world_size, timeout, "the verification on leaving"
+        )
+        failed = {other: _name_of(full[1:_OUTCOME]) for other, full in enumerate(rows) if full[0]}
+        if raised is not None:
+            return
+        if failed:
+            raise SeedAgreementError(_failure_message(failed), failed=failed)
+        divergent = compare_rows([full[_OUTCOME:] for full in rows], row, names)
     if divergent:
         raise RankDivergenceError(_divergence_message(divergent, world_size), divergent)
+
+
+def _outcome_row(raised: BaseException | None) -> list[int]:
+    if raised is None:
+        return [0] * _OUTCOME
+    name = type(raised).__qualname__.encode("ascii", "replace")[: 8 * _NAME_WORDS]
+    padded = name.ljust(8 * _NAME_WORDS, b"\0")
+    words = [
+        int.from_bytes(padded[i : i + 8], "little", signed=True) for i in range(0, len(padded), 8)
+    ]
+    return [1, *words]
+
+
+def _name_of(words: Sequence[int]) -> str:
+    raw = b"".join(word.to_bytes(8, "little", signed=True) for word in words)
+    return raw.rstrip(b"\0").decode("ascii", "replace") or "an exception"
+
+
+def _failure_message(failed: dict[int, str]) -> str:
+    ranks_of: dict[str, list[int]] = {}
+    for rank, name in failed.items():
+        ranks_of.setdefault(name, []).append(rank)
+    what = "; ".join(f"{ranks_text(ranks)} raised {name}" for name, ranks in ranks_of.items())
+    return (
+        f"{what} inside the distributed_deterministic block (verify=True); this rank left "
+        f"it normally. The RNG states were not compared. See that rank's traceback for the "
+        f"cause."
+    )
 
 
 def verification_row(
