@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from test_cli import detctx_command, megatron_log
 
@@ -244,6 +244,8 @@ def test_the_demo_accepts_a_plot_and_checks_it_first(tmp_path, capsys):
     st.text(alphabet=st.sampled_from(["a", "é", "\r", "\n", " ", "1", "€"]), max_size=60),
     st.lists(st.integers(1, 7), min_size=1, max_size=30),
 )
+@example("\r\n", [1])  # a \r\n split across two reads is one line end, not two
+@example("a\r\nb\r", [2, 1])
 def test_any_chunking_gives_the_lines_of_the_whole_text(text: str, sizes: list[int]) -> None:
     data = text.encode()
     reader = LineReader()

@@ -47,8 +47,9 @@ class LineReader:
             return []
         if self._after_cr and text.startswith("\n"):
             text = text[1:]  # the \n of a \r\n split across two chunks
-        if text:
-            self._after_cr = text.endswith("\r")
+        self._after_cr = text.endswith("\r")
+        if not text:
+            return []
         parts = split_lines(text)
         if len(parts) == 1:
             self._pieces.append(parts[0])
