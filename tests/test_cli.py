@@ -14,7 +14,7 @@ import pytest
 
 from detctx import cli
 from detctx.cli.curves import compile_pattern, extract
-from detctx.cli.doctor import Diagnosis, advise
+from detctx.cli.doctor import Diagnosis, advise, diagnose
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -271,3 +271,13 @@ def test_plotting_without_matplotlib_says_what_to_install(tmp_path, capsys, monk
     assert cli.main(["compare", str(log), str(log), "--plot", str(tmp_path / "p.png")]) == 2
     assert "pip install 'detctx[plot]'" in capsys.readouterr().err
     assert not (tmp_path / "p.png").exists()
+
+
+def test_doctor_shows_every_variable_a_block_sets_or_puts_back() -> None:
+    from detctx import inductor
+    from detctx.environment import WATCHED
+    from detctx.switches import env_switches
+
+    shown = diagnose().environment
+    for name in (*(s.variable for s in env_switches()), inductor.VARIABLE, *WATCHED.variables):
+        assert name in shown, name

@@ -21,7 +21,9 @@ from typing import Any, Final
 import numpy as np
 import torch
 
+from detctx import inductor
 from detctx.accelerators import active_accelerators
+from detctx.environment import WATCHED
 from detctx.npu_level import describe_npu_level
 from detctx.seeds import MAX_SEED, SEED_ENV, parse_seed
 from detctx.switches import env_switches
@@ -31,6 +33,8 @@ __all__ = ["ENV_VARIABLES", "Diagnosis", "advise", "diagnose"]
 ENV_VARIABLES: Final = (
     SEED_ENV,
     *(switch.variable for switch in env_switches()),
+    inductor.VARIABLE,
+    *WATCHED.variables,
     "HCCL_LOGIC_SUPERPOD_ID",
     "NCCL_ALGO",
     "NCCL_NVLS_ENABLE",
