@@ -63,7 +63,6 @@ STATE_FORMAT = "detctx.lightning"
 """The ``"format"`` entry of the callback's checkpoint state."""
 
 _STATE_VERSION = 1
-_ENV = ("PL_GLOBAL_SEED", "PL_SEED_WORKERS")
 _classes: dict[str, type[Any]] = {}
 
 
@@ -178,7 +177,6 @@ class _DeterministicCallback:
         self._run_block = deterministic(self.seed, **switches)
         self._eval_block = deterministic(self.eval_seed, **switches)
         self._open = False
-        self._saved_env: dict[str, str | None] = {}
         self._patched: list[Any] = []
         # The training streams while an evaluation loop runs (checkpoints saved
         # then must hold them, not the evaluation's), and after the run ends.
@@ -208,9 +206,10 @@ class _DeterministicCallback:
         self._open = True
         self._resumed = self._pending is not None
         try:
-            self._saved_env = {name: os.environ.get(name) for name in _ENV}
+            # Set inside the run's block, which puts both back on exit (they are
+            # among the variables every block watches: detctx.environment.WATCHED).
             os.environ["PL_GLOBAL_SEED"] = str(self.seed)
-            os.environ["PL_SEED_WORKERS"] = self._saved_env["PL_SEED_WORKERS"] or "0"
+            os.environ["PL_SEED_WORKERS"] = os.environ.get("PL_SEED_WORKERS") or "0"
             for loop in _eval_loops(trainer):
                 loop.run = self._scoped(loop.run)
                 self._patched.append(loop)
@@ -321,12 +320,6 @@ class _DeterministicCallback:
             except AttributeError as exc:
                 first_error = first_error or exc
         self._patched.clear()
-        for name, value in self._saved_env.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-        self._saved_env = {}
         try:
             self._last = Snapshot.capture()
         finally:
