@@ -14,7 +14,13 @@ from typing import Any
 
 import torch
 
-from detctx.distributed.arrival import DEFAULT_TIMEOUT_S, check_timeout, gather_rows, ranks_text
+from detctx.distributed.arrival import (
+    DEFAULT_TIMEOUT_S,
+    check_timeout,
+    gather_rows,
+    ranks_by_label,
+    ranks_text,
+)
 from detctx.distributed.topology import in_process_group, rank_and_size
 from detctx.errors import SeedMismatchError
 from detctx.seeds import SEED_ENV, derive_seed, group_seed, resolve_seed, validate_seed
@@ -28,7 +34,6 @@ __all__ = [
     "check_arguments",
     "decide",
     "grouped",
-    "ranks_text",
 ]
 
 _EXPLICIT, _DRAWN, _UNRESOLVED = 1, 0, -1
@@ -219,7 +224,5 @@ def decide(rows: list[list[int]], src_rank: int) -> int:
 
 def grouped(labels: Sequence[str]) -> str:
     """``"seed=1 on ranks 0-2, 4; seed=2 on rank 3"`` from one label per rank."""
-    ranks_of: dict[str, list[int]] = {}
-    for rank, label in enumerate(labels):
-        ranks_of.setdefault(label, []).append(rank)
+    ranks_of = ranks_by_label(dict(enumerate(labels)))
     return "; ".join(f"{label} on {ranks_text(ranks)}" for label, ranks in ranks_of.items())

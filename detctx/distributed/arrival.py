@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any, Final
 
@@ -29,7 +29,14 @@ import torch
 from detctx.distributed.topology import collective_device
 from detctx.errors import SeedAgreementError
 
-__all__ = ["DEFAULT_TIMEOUT_S", "check_timeout", "gather_rows", "missing_text", "ranks_text"]
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "check_timeout",
+    "gather_rows",
+    "missing_text",
+    "ranks_by_label",
+    "ranks_text",
+]
 
 DEFAULT_TIMEOUT_S: Final = 300.0
 """How long a rank waits for the others in one of detctx's collectives (5 minutes)."""
@@ -99,6 +106,14 @@ def ranks_text(ranks: Sequence[int]) -> str:
         if rank is not None:
             start = previous = rank
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(spans)
+
+
+def ranks_by_label(labels: Mapping[int, str]) -> dict[str, list[int]]:
+    """The ranks that share each label, labels in order of their lowest rank."""
+    ranks_of: dict[str, list[int]] = {}
+    for rank, label in labels.items():
+        ranks_of.setdefault(label, []).append(rank)
+    return ranks_of
 
 
 def _missing_ranks(

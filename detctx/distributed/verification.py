@@ -16,8 +16,14 @@ from typing import Any, Final
 
 from detctx import frames
 from detctx.accelerators import AcceleratorSource
-from detctx.distributed.agreement import DistributedSeeding, check_arguments, ranks_text
-from detctx.distributed.arrival import DEFAULT_TIMEOUT_S, check_timeout, gather_rows
+from detctx.distributed.agreement import DistributedSeeding, check_arguments
+from detctx.distributed.arrival import (
+    DEFAULT_TIMEOUT_S,
+    check_timeout,
+    gather_rows,
+    ranks_by_label,
+    ranks_text,
+)
 from detctx.distributed.topology import in_process_group, rank_and_size
 from detctx.errors import RankDivergenceError, SeedAgreementError
 from detctx.seeds import derive_seed
@@ -144,9 +150,7 @@ def _name_of(words: Sequence[int]) -> str:
 
 
 def _failure_message(failed: dict[int, str]) -> str:
-    ranks_of: dict[str, list[int]] = {}
-    for rank, name in failed.items():
-        ranks_of.setdefault(name, []).append(rank)
+    ranks_of = ranks_by_label(failed)
     what = "; ".join(f"{ranks_text(ranks)} raised {name}" for name, ranks in ranks_of.items())
     return (
         f"{what} inside the distributed_deterministic block (verify=True); this rank left "
@@ -256,7 +260,5 @@ def _divergence_message(divergent: dict[int, tuple[str, ...]], world_size: int) 
 
 
 def _grouped_ranks(labels: dict[int, str]) -> str:
-    ranks_of: dict[str, list[int]] = {}
-    for rank, label in labels.items():
-        ranks_of.setdefault(label, []).append(rank)
+    ranks_of = ranks_by_label(labels)
     return "; ".join(f"{ranks_text(ranks)}: {label}" for label, ranks in ranks_of.items())
