@@ -31,7 +31,7 @@ BATCH = 8
 
 
 def demo_model() -> nn.Module:
-    """The architecture ``detctx demo`` trains (``detctx/cli/demo.py``)."""
+    """The architecture ``detctx demo`` trains (``detctx/_cli/demo.py``)."""
     return nn.Sequential(nn.Linear(FEATURES, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 2))
 
 
@@ -59,8 +59,8 @@ def _fixed_batch() -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
 
 
 def _demo_batches(loaders: list[Any]) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
-    from detctx.cli.demo import NoisyPoints
-    from detctx.data import loader_generator, seed_worker
+    from detctx._cli.demo import NoisyPoints
+    from detctx._loader import loader_generator, seed_worker
 
     loader = DataLoader(
         NoisyPoints(BATCH * 64),
@@ -88,8 +88,8 @@ def _demo_batches(loaders: list[Any]) -> Callable[[], tuple[torch.Tensor, torch.
 def _pair(
     settings: Settings, folder: Path, batches: Callable[[], Callable[[], Any]]
 ) -> tuple[dict[str, Stats], int]:
-    from detctx.locate.recorder import OpRecorder
-    from detctx.locate.trace import TraceWriter
+    from detctx._locate.recorder import OpRecorder
+    from detctx._locate.trace import TraceWriter
 
     torch.manual_seed(SEED)
     plain = _step_runner(demo_model(), batches())
@@ -112,7 +112,7 @@ def _pair(
 
 def run(settings: Settings) -> Result:
     try:
-        import detctx.locate.recorder  # noqa: F401
+        import detctx._locate.recorder  # noqa: F401
     except ImportError as exc:
         return Result(
             [Row(SCENARIO, "recorded demo training step", None, note=f"not available: {exc}")]

@@ -15,18 +15,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from detctx.accelerators import register_accelerator
-    from detctx.context import deterministic, open_blocks, seed_all
-    from detctx.data import loader_generator, seed_worker
-    from detctx.distributed import (
-        DistributedSeeding,
-        agree_seed,
-        collective_device,
-        distributed_deterministic,
-        prepare_environment,
-        verify_across_ranks,
-    )
-    from detctx.errors import (
+    from detctx._accelerators import register_accelerator
+    from detctx._deterministic import deterministic, open_blocks, seed_all
+    from detctx._doctor import Diagnosis, diagnose
+    from detctx._errors import (
         CheckpointError,
         DetctxError,
         DeterminismUnavailableError,
@@ -40,30 +32,39 @@ if TYPE_CHECKING:
         SeedMismatchError,
         TraceError,
     )
-    from detctx.locate import Divergence, locate_divergence
-    from detctx.probe import ProbeOp, ProbeReport, ProbeRow, run_probe
-    from detctx.region import DeterministicRegion, deterministic_region
-    from detctx.seeds import DEFAULT_SEED, SEED_ENV, derive_seed, group_seed
-    from detctx.settings import Seeding
-    from detctx.snapshot import Snapshot, capture, fingerprint, restore
-    from detctx.sources import RNGSource, register_source, unregister_source
-    from detctx.state_dict import PlainStateSource
-    from detctx.switches import EnvSwitchOptions, SwitchOptions
-    from detctx.verify import check_gradients, check_reproducible
+    from detctx._loader import loader_generator, seed_worker
+    from detctx._locate import Divergence, locate_divergence
+    from detctx._probe import PROBE_OPS, ProbeOp, ProbeReport, ProbeRow, run_probe
+    from detctx._region import DeterministicRegion, deterministic_region
+    from detctx._reproducible import check_gradients, check_reproducible
+    from detctx._seeds import DEFAULT_SEED, SEED_ENV, derive_seed, group_seed
+    from detctx._settings import Seeding
+    from detctx._snapshot import Snapshot, capture, fingerprint, restore
+    from detctx._sources import RNGSource, register_source, unregister_source
+    from detctx._state_dict import PlainStateSource
+    from detctx._switches import EnvSwitchOptions, SwitchOptions
+    from detctx.distributed import (
+        DistributedSeeding,
+        agree_seed,
+        collective_device,
+        distributed_deterministic,
+        prepare_environment,
+        verify_across_ranks,
+    )
 
     # Earlier names, kept working (see _ALIASES).
     Run = Seeding
     DistributedRun = DistributedSeeding
     RNGState = Snapshot
 
-__version__ = "0.1.0"
+from detctx._version import __version__
 
 # Where each public name lives; tests/test_lazy_imports.py keeps it in step with the
 # imports above.
 _EXPORTS: dict[str, tuple[str, ...]] = {
-    "detctx.accelerators": ("register_accelerator",),
-    "detctx.context": ("deterministic", "open_blocks", "seed_all"),
-    "detctx.data": ("loader_generator", "seed_worker"),
+    "detctx._accelerators": ("register_accelerator",),
+    "detctx._deterministic": ("deterministic", "open_blocks", "seed_all"),
+    "detctx._loader": ("loader_generator", "seed_worker"),
     "detctx.distributed": (
         "DistributedSeeding",
         "agree_seed",
@@ -72,7 +73,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "prepare_environment",
         "verify_across_ranks",
     ),
-    "detctx.errors": (
+    "detctx._errors": (
         "CheckpointError",
         "DetctxError",
         "DeterminismUnavailableError",
@@ -86,16 +87,17 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "SeedMismatchError",
         "TraceError",
     ),
-    "detctx.locate": ("Divergence", "locate_divergence"),
-    "detctx.probe": ("ProbeOp", "ProbeReport", "ProbeRow", "run_probe"),
-    "detctx.region": ("DeterministicRegion", "deterministic_region"),
-    "detctx.seeds": ("DEFAULT_SEED", "SEED_ENV", "derive_seed", "group_seed"),
-    "detctx.settings": ("Seeding",),
-    "detctx.snapshot": ("Snapshot", "capture", "fingerprint", "restore"),
-    "detctx.sources": ("RNGSource", "register_source", "unregister_source"),
-    "detctx.state_dict": ("PlainStateSource",),
-    "detctx.switches": ("EnvSwitchOptions", "SwitchOptions"),
-    "detctx.verify": ("check_gradients", "check_reproducible"),
+    "detctx._locate": ("Divergence", "locate_divergence"),
+    "detctx._doctor": ("Diagnosis", "diagnose"),
+    "detctx._probe": ("PROBE_OPS", "ProbeOp", "ProbeReport", "ProbeRow", "run_probe"),
+    "detctx._region": ("DeterministicRegion", "deterministic_region"),
+    "detctx._seeds": ("DEFAULT_SEED", "SEED_ENV", "derive_seed", "group_seed"),
+    "detctx._settings": ("Seeding",),
+    "detctx._snapshot": ("Snapshot", "capture", "fingerprint", "restore"),
+    "detctx._sources": ("RNGSource", "register_source", "unregister_source"),
+    "detctx._state_dict": ("PlainStateSource",),
+    "detctx._switches": ("EnvSwitchOptions", "SwitchOptions"),
+    "detctx._reproducible": ("check_gradients", "check_reproducible"),
 }
 
 # Earlier names, kept working: ``Run`` is now ``Seeding`` (what an entry applied;
@@ -111,12 +113,14 @@ _HOME: dict[str, str] = {name: module for module, names in _EXPORTS.items() for 
 
 __all__ = [
     "DEFAULT_SEED",
+    "PROBE_OPS",
     "SEED_ENV",
     "CheckpointError",
     "DetctxError",
     "DeterminismUnavailableError",
     "DeterminismWarning",
     "DeterministicRegion",
+    "Diagnosis",
     "DistributedRun",
     "DistributedSeeding",
     "Divergence",
@@ -148,6 +152,7 @@ __all__ = [
     "derive_seed",
     "deterministic",
     "deterministic_region",
+    "diagnose",
     "distributed_deterministic",
     "fingerprint",
     "group_seed",

@@ -2,7 +2,7 @@
 
 import sys
 
-from detctx.cli import main
+from detctx._cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 # Nothing of torch or NumPy: the seed parser and the derivation import NumPy only inside.
-from detctx.seeds import derive_seed, parse_seed
+from detctx._seeds import derive_seed, parse_seed
 
 if TYPE_CHECKING:
-    from detctx.context import deterministic
-    from detctx.settings import Seeding
+    from detctx._deterministic import deterministic
+    from detctx._settings import Seeding
 
 __all__ = ["node_seed"]
 
@@ -101,7 +101,7 @@ def _block_for(item: pytest.Item) -> deterministic | None:
     marker = item.get_closest_marker(_MARKER)
     if marker is None and session_seed is None:
         return None
-    from detctx.context import deterministic
+    from detctx._deterministic import deterministic
 
     if marker is None:
         return deterministic(node_seed(session_seed, item.nodeid))
@@ -111,7 +111,7 @@ def _block_for(item: pytest.Item) -> deterministic | None:
     try:
         return deterministic(*args, **kwargs)
     except (TypeError, ValueError) as exc:
-        from detctx.switches import switch_names
+        from detctx._switches import switch_names
 
         pytest.fail(
             f"bad @pytest.mark.{_MARKER}(...) arguments on {item.nodeid}: {exc}. The marker "
@@ -147,7 +147,7 @@ def detctx_seeding(_detctx_block: Seeding | None) -> Iterator[Seeding]:
     if _detctx_block is not None:
         yield _detctx_block
         return
-    from detctx.context import deterministic
+    from detctx._deterministic import deterministic
 
     with deterministic() as seeding:
         yield seeding

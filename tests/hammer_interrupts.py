@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 import detctx
-from detctx import frames
+from detctx import _blocks as frames
 
 ENV = ("PYTHONHASHSEED", "CUBLAS_WORKSPACE_CONFIG", "HCCL_DETERMINISTIC", "CLOSE_MATMUL_K_SHIFT")
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import detctx
-from detctx.state_dict import VERSION
+from detctx._state_dict import VERSION
 
 TESTS = Path(__file__).resolve().parent
 

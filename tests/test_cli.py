@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from detctx import cli
-from detctx.cli.curves import compile_pattern, extract
-from detctx.cli.doctor import Diagnosis, advise, diagnose
+from detctx import _cli as cli
+from detctx._cli.curves import compile_pattern, extract
+from detctx._doctor import Diagnosis, advise, diagnose
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -149,7 +149,7 @@ def test_demo_shows_bit_identical_curves_and_where_they_diverge_without_detctx(t
 def test_the_console_script_runs_the_same_entry_point():
     (script,) = importlib.metadata.entry_points(group="console_scripts", name="detctx")
 
-    assert script.value == "detctx.cli:main"
+    assert script.value == "detctx._cli:main"
 
 
 # The cases below call the command's entry point in this process: the same code, faster.
@@ -274,9 +274,9 @@ def test_plotting_without_matplotlib_says_what_to_install(tmp_path, capsys, monk
 
 
 def test_doctor_shows_every_variable_a_block_sets_or_puts_back() -> None:
-    from detctx import inductor
-    from detctx.environment import WATCHED
-    from detctx.switches import env_switches
+    from detctx import _inductor as inductor
+    from detctx._environment import WATCHED
+    from detctx._switches import env_switches
 
     shown = diagnose().environment
     for name in (*(s.variable for s in env_switches()), inductor.VARIABLE, *WATCHED.variables):

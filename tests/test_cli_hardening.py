@@ -15,10 +15,12 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from test_cli import detctx_command, megatron_log
 
-from detctx import __version__, cli
-from detctx.cli import curves, repeat
-from detctx.cli.curves import compile_pattern
-from detctx.cli.lines import LineReader
+from detctx import __version__
+from detctx import _cli as cli
+from detctx._cli import curves
+from detctx._cli import run as repeat
+from detctx._cli.curves import compile_pattern
+from detctx._cli.lines import LineReader
 
 # A command that writes its pid, then a loss line, then waits to be stopped.
 WAITING_SCRIPT = """
@@ -95,7 +97,7 @@ def test_reading_a_huge_line_costs_time_linear_in_its_length(monkeypatch):
         searched += len(text)
         return real_split(text)
 
-    monkeypatch.setattr("detctx.cli.lines.split_lines", counting_split)
+    monkeypatch.setattr("detctx._cli.lines.split_lines", counting_split)
     length = 8_000_000
     code = f"import sys; sys.stdout.write('x' * {length} + ' loss: 0.5\\n' + 'step 2 loss: 0.25')"
 

@@ -15,7 +15,7 @@ import torch
 from conftest import CounterSource, draws
 
 import detctx
-from detctx.errors import DeterminismWarning, OutOfOrderExitError
+from detctx._errors import DeterminismWarning, OutOfOrderExitError
 
 
 def mindspeed_seed(s: int) -> None:
@@ -508,7 +508,7 @@ def test_the_lock_is_released_after_a_failed_entry() -> None:
 
 
 def test_a_thread_kept_waiting_is_told_why(monkeypatch: pytest.MonkeyPatch) -> None:
-    from detctx import frames
+    from detctx import _blocks as frames
 
     monkeypatch.setattr(frames, "WAIT_BEFORE_WARNING_S", 0.05)
     caught: list[warnings.WarningMessage] = []

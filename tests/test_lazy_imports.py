@@ -63,6 +63,6 @@ def test_every_public_name_is_the_object_its_module_defines() -> None:
 
 
 def test_submodules_are_reachable_as_attributes_and_a_misspelt_name_is_an_error() -> None:
-    assert detctx.frames is importlib.import_module("detctx.frames")  # type: ignore[attr-defined]
+    assert detctx.distributed is importlib.import_module("detctx.distributed")
     with pytest.raises(AttributeError, match="has no attribute 'deterministc'"):
         detctx.deterministc  # type: ignore[attr-defined]  # noqa: B018

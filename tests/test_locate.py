@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 import detctx
-from detctx.locate.recorder import OpRecorder
-from detctx.locate.trace import OpRecord
+from detctx._locate.recorder import OpRecorder
+from detctx._locate.trace import OpRecord
 
 HERE = Path(__file__).read_text(encoding="utf-8").splitlines()
 
@@ -321,7 +321,7 @@ def test_check_reproducible_refuses_a_locate_that_is_not_a_bool():
 def test_a_bad_trace_variable_is_reported_and_nothing_is_recorded(
     value: str, complaint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ):
-    from detctx.locate.child import TRACE_ENV, start_from_environment
+    from detctx._locate.child import TRACE_ENV, start_from_environment
 
     if value == "EXISTING":
         value = str(tmp_path / "run1.trace")

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import detctx
-from detctx.locate.divergence import compare_traces
-from detctx.locate.trace import BUFFER_BYTES, MAGIC, OpRecord, TraceWriter, read_trace
+from detctx._locate.divergence import compare_traces
+from detctx._locate.trace import BUFFER_BYTES, MAGIC, OpRecord, TraceWriter, read_trace
 
 
 def record(index: int, digest: int = 7, rng: int | None = None) -> OpRecord:

@@ -9,8 +9,8 @@ import textwrap
 import pytest
 
 import detctx
-from detctx import cli
-from detctx.cli.curves import compile_pattern, parse_line
+from detctx import _cli as cli
+from detctx._cli.curves import compile_pattern, parse_line
 
 LIGHTNING_CSV = textwrap.dedent(
     """\

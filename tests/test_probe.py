@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import detctx
-from detctx.cli import main
-from detctx.probe import CATALOGUE, ProbeOp, run_probe
+from detctx._cli import main
+from detctx._probe import PROBE_OPS, ProbeOp, run_probe
 
 
 def summing_in_a_random_order(device: torch.device, large: bool) -> object:
@@ -55,7 +55,7 @@ def test_on_cpu_every_op_of_the_catalogue_is_identical_both_ways_and_nothing_cha
     before = process_state()
     report = run_probe(["cpu"], runs=3)
     assert process_state() == before
-    assert [row.op for row in report.rows] == [op.name for op in CATALOGUE][:-1]  # no group
+    assert [row.op for row in report.rows] == [op.name for op in PROBE_OPS][:-1]  # no group
     for row in report.rows:
         assert (row.identical_off, row.identical_on, row.raises, row.error) == (
             True,
@@ -69,7 +69,7 @@ def test_on_cpu_every_op_of_the_catalogue_is_identical_both_ways_and_nothing_cha
 
 def test_a_deliberately_nondeterministic_op_added_to_the_catalogue_is_reported() -> None:
     flaky = ProbeOp("random-order sum", summing_in_a_random_order)
-    report = run_probe(["cpu"], ops=[*CATALOGUE[:2], flaky], runs=4)
+    report = run_probe(["cpu"], ops=[*PROBE_OPS[:2], flaky], runs=4)
     [row] = report.nondeterministic()
     assert row.op == "random-order sum" and row.device == "cpu"
     assert (row.identical_off, row.identical_on, row.raises) == (False, False, False)
@@ -105,7 +105,7 @@ def test_doctor_probe_prints_a_row_per_op_and_says_nothing_differs_on_cpu(
     out = capsys.readouterr().out
     assert "identical off  identical on  raises when on  slowdown on" in out
     assert "0 op(s) gave different bits from run to run, 0 raise" in out
-    for op in CATALOGUE[:-1]:
+    for op in PROBE_OPS[:-1]:
         line = next(line for line in out.splitlines() if line.startswith(op.name + " "))
         assert line.split()[-4:-1] == ["yes", "yes", "no"], line
 
@@ -133,7 +133,7 @@ def test_in_a_process_group_the_probe_adds_an_all_reduce(tmp_path: Path) -> None
     store = dist.FileStore(str(tmp_path / "store"), 1)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
-        report = run_probe(["cpu"], ops=[op for op in CATALOGUE if op.name == "all_reduce"])
+        report = run_probe(["cpu"], ops=[op for op in PROBE_OPS if op.name == "all_reduce"])
     finally:
         dist.destroy_process_group()
     [row] = report.rows

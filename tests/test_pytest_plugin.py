@@ -353,4 +353,4 @@ def test_the_first_test_that_uses_the_marker_loads_the_library(tmp_path: Path) -
     loaded = pytest_in_a_fresh_process(tmp_path, "-q")
     assert loaded["code"] == 0
     assert loaded["heavy"] == ["numpy", "torch"]
-    assert "detctx.context" in loaded["library"]
+    assert "detctx._deterministic" in loaded["library"]

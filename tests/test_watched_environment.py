@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import detctx
-from detctx.environment import WATCHED
+from detctx._environment import WATCHED
 
 FRAMEWORK_VARIABLES = (
     "CUDA_LAUNCH_BLOCKING",

@@ -29,11 +29,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from detctx.accelerators import AcceleratorSource
-from detctx.decorators import Block, decorate, is_hypothesis_test
-from detctx.errors import MissingDependencyError
-from detctx.snapshot import active_sources
-from detctx.sources import RNGSource
+from detctx._accelerators import AcceleratorSource
+from detctx._decorators import Block, decorate, is_hypothesis_test
+from detctx._errors import MissingDependencyError
+from detctx._snapshot import active_sources
+from detctx._sources import RNGSource
 
 __all__ = ["examples_in", "register", "registered"]
 
@@ -72,7 +72,7 @@ def register() -> tuple[str, ...]:
     now with ``hypothesis.register_random``. Calling it again registers
     accelerators initialised since; nothing is registered twice. Returns the
     names of every source registered so far (``("torch",)`` on a CPU
-    machine). Raises :class:`~detctx.errors.MissingDependencyError` without
+    machine). Raises :class:`~detctx.MissingDependencyError` without
     hypothesis.
     """
     try:

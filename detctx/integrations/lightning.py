@@ -47,11 +47,11 @@ from typing import Any
 
 from typing_extensions import Unpack
 
-from detctx.context import deterministic
-from detctx.errors import CheckpointError, DeterminismWarning, MissingDependencyError
-from detctx.seeds import DEFAULT_SEED, resolve_seed, validate_seed
-from detctx.snapshot import Snapshot
-from detctx.switches import SwitchOptions
+from detctx._deterministic import deterministic
+from detctx._errors import CheckpointError, DeterminismWarning, MissingDependencyError
+from detctx._seeds import DEFAULT_SEED, resolve_seed, validate_seed
+from detctx._snapshot import Snapshot
+from detctx._switches import SwitchOptions
 
 # DeterministicCallback is provided by the module's __getattr__, built on first use.
 __all__ = ["FRAMEWORKS", "STATE_FORMAT", "DeterministicCallback", "callback_class"]  # noqa: F822
@@ -80,7 +80,7 @@ def callback_class(framework: str | None = None) -> type[Any]:
     ``framework``: ``"lightning.pytorch"`` or ``"pytorch_lightning"``; by
     default the one already imported (``lightning.pytorch`` if both are),
     else the first one installed. Raises
-    :class:`~detctx.errors.MissingDependencyError` when neither is installed.
+    :class:`~detctx.MissingDependencyError` when neither is installed.
     """
     if framework is None:
         framework = _framework_in_use()
@@ -207,7 +207,7 @@ class _DeterministicCallback:
         self._resumed = self._pending is not None
         try:
             # Set inside the run's block, which puts both back on exit (they are
-            # among the variables every block watches: detctx.environment.WATCHED).
+            # among the variables every block watches: detctx._environment.WATCHED).
             os.environ["PL_GLOBAL_SEED"] = str(self.seed)
             os.environ["PL_SEED_WORKERS"] = os.environ.get("PL_SEED_WORKERS") or "0"
             for loop in _eval_loops(trainer):
@@ -256,7 +256,7 @@ class _DeterministicCallback:
 
     def load_state_dict(self, state_dict: Any) -> None:
         """Check ``state_dict`` in full, then put its RNG state in place (at ``setup`` if
-        the run has not started). Raises :class:`~detctx.errors.CheckpointError`, with
+        the run has not started). Raises :class:`~detctx.CheckpointError`, with
         nothing changed, for anything that is not such a state."""
         snapshot = self._checked(state_dict)
         self._resumed = True

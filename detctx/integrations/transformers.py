@@ -9,7 +9,7 @@ training RNG streams: the training loss curve then depends on ``eval_steps``.
 the training streams nor depends on where in training it runs.
 
 Importing this module imports transformers; without it, it raises
-:class:`~detctx.errors.MissingDependencyError` naming the extra to install.
+:class:`~detctx.MissingDependencyError` naming the extra to install.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import Any
 
 from typing_extensions import Unpack
 
-from detctx.context import deterministic, open_blocks
-from detctx.errors import DeterminismWarning, MissingDependencyError
-from detctx.switches import SwitchOptions
+from detctx._deterministic import deterministic, open_blocks
+from detctx._errors import DeterminismWarning, MissingDependencyError
+from detctx._switches import SwitchOptions
 
 __all__ = ["DeterministicCallback"]
 
@@ -65,7 +65,7 @@ class DeterministicCallback(_TrainerCallback):  # type: ignore[misc]
     and are validated here. ``trainer.evaluate()`` and ``trainer.predict()``
     called directly start without any callback event, so the callback cannot
     scope them; wrap such a call in ``with detctx.deterministic(seed=0):``
-    (the callback warns, with :class:`~detctx.errors.DeterminismWarning`,
+    (the callback warns, with :class:`~detctx.DeterminismWarning`,
     when one ends outside any detctx block). The same holds for each eval
     dataset after the first when ``eval_dataset`` is a dict. If an evaluation
     raises, its block stays open (holding detctx's lock) until the next

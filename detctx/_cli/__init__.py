@@ -1,0 +1,261 @@
+"""The ``detctx`` command: ``doctor``, ``run``, ``compare`` and ``demo``.
+
+Exit status: 0 when the curves agree (and for ``doctor``), 1 when they
+differ, 2 on bad usage or when the curves could not be read (a missing file,
+a log without metric lines, a command that failed). Expected failures are
+one line on stderr, ``detctx: error: ...``, not a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from detctx._cli.curves import (
+    Comparison,
+    compare,
+    compile_pattern,
+    describe,
+    load_pyplot,
+    no_points_message,
+    plot,
+)
+from detctx._cli.logs import read_curve
+from detctx._cli.plot_target import check_plot_path
+from detctx._cli.signals import Stopped, forwarded_signals
+from detctx._errors import DetctxError, MetricsError
+from detctx._seeds import DEFAULT_SEED, SEED_ENV, parse_seed, resolve_seed
+
+__all__ = ["main"]
+
+AGREE, DIFFER, USAGE = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        self.exit(USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _seed_argument(text: str) -> int:
+    try:
+        return parse_seed(text, "--seed")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _runs_argument(text: str) -> int:
+    try:
+        runs = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"-n takes a number of runs, got {text!r}") from None
+    if runs < 2:
+        raise argparse.ArgumentTypeError(f"-n must be at least 2 to compare anything, got {runs}")
+    return runs
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("detctx")
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        return "unknown (not installed)"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="detctx",
+        description="Prove PyTorch runs reproduce: check the environment, run a command "
+        "twice and compare its loss curves, compare two logs.",
+        epilog="Exit status: 0 agree, 1 differ, 2 bad usage or unreadable curves.",
+    )
+    parser.add_argument("--version", action="version", version=f"detctx {_version()}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    commands.required = True
+
+    doctor = commands.add_parser(
+        "doctor", help="versions, devices, determinism flags and variables, warnings"
+    )
+    doctor.add_argument("--json", action="store_true", help="print the report as JSON")
+    doctor.add_argument(
+        "--probe",
+        action="store_true",
+        help="run ops known to be nondeterministic on some device, with determinism off and on",
+    )
+    doctor.add_argument(
+        "--device", metavar="TYPE", action="append", help="with --probe: only this device type"
+    )
+
+    curve_options = _Parser(add_help=False)
+    curve_options.add_argument(
+        "--pattern",
+        metavar="RE",
+        help="regex for the metric; the number is the group named 'value', else group 1, "
+        "else the whole match (default: the training loss of Megatron/MindSpeed, "
+        "Lightning, HF Trainer and plain 'loss: x' lines)",
+    )
+    plot_option = _Parser(add_help=False)
+    plot_option.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        type=Path,
+        help="write the curves and their difference; the suffix names the format (.png, .pdf, "
+        ".svg, ...); checked before anything runs",
+    )
+
+    run = commands.add_parser(
+        "run",
+        parents=[curve_options, plot_option],
+        help="run a command several times with the determinism environment; compare curves",
+        usage="detctx run [-n N] [--seed S] [--pattern RE] [--plot FILE.png] "
+        "[--log-dir DIR] [-v] [--locate] -- CMD ...",
+    )
+    run.add_argument(
+        "-n", "--runs", type=_runs_argument, default=2, help="how many runs (default 2)"
+    )
+    run.add_argument(
+        "--seed",
+        type=_seed_argument,
+        help=f"the seed for every run (default ${SEED_ENV}, else {DEFAULT_SEED})",
+    )
+    run.add_argument("--log-dir", type=Path, help="keep each run's output as DIR/runN.log")
+    run.add_argument("-v", "--verbose", action="store_true", help="show the command's output")
+    run.add_argument(
+        "--locate",
+        action="store_true",
+        help="record every op's digest in each run (Python commands) and name the first op "
+        "where the runs part, with its module and source line",
+    )
+    run.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
+    run.set_defaults(command_parser=run)
+
+    compare_ = commands.add_parser(
+        "compare",
+        parents=[curve_options, plot_option],
+        help="compare the curves of two logs (text, Lightning metrics.csv, HF trainer_state.json)",
+    )
+    compare_.add_argument("logs", nargs=2, type=Path, metavar="LOG")
+    compare_.add_argument(
+        "--metric",
+        metavar="NAME",
+        help="a metrics.csv column, a trainer_state.json log_history key, or the name before "
+        "':' or '=' in a text log (default: the training loss)",
+    )
+
+    commands.add_parser(
+        "demo",
+        parents=[plot_option],
+        help="train a small model twice and show the curves agree",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``detctx`` command line; returns the exit status."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "doctor":
+            return _doctor(args)
+        if getattr(args, "plot", None) is not None:
+            load_pyplot()
+            check_plot_path(args.plot)
+        if args.command == "demo":
+            from detctx._cli import demo
+
+            return demo.main(plot_path=args.plot)
+        pattern = compile_pattern(args.pattern)
+        if args.command == "compare":
+            curves = [read_curve(p, pattern=args.pattern, metric=args.metric) for p in args.logs]
+            return _report(compare(curves), args.plot)
+        with forwarded_signals():
+            return _run(args.command_parser, args, pattern)
+    except (DetctxError, ValueError, OSError) as exc:
+        sys.stderr.write(f"detctx: error: {exc}\n")
+        return USAGE
+    except KeyboardInterrupt:
+        sys.stderr.write("detctx: interrupted\n")
+        return 130
+    except Stopped as stopped:
+        sys.stderr.write(f"detctx: {stopped}; the command was stopped too\n")
+        return 128 + stopped.signum
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    if args.probe:
+        from detctx._cli import probe
+
+        return probe.main(args.device, args.json)
+    if args.device:
+        raise ValueError("--device chooses the devices of --probe: add --probe")
+    from detctx._doctor import diagnose
+
+    diagnosis = diagnose(read_device_names=True)
+    if args.json:
+        print(json.dumps(diagnosis.as_dict(), indent=2, default=str))
+    else:
+        print(diagnosis.format())
+    return AGREE
+
+
+def _run(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, pattern: re.Pattern[str]
+) -> int:
+    from detctx._cli.run import determinism_env, determinism_variables, log_file, run_command
+
+    command = list(args.cmd)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        parser.error("run needs a command after --, e.g. detctx run -- python train.py")
+    if args.seed is not None:
+        seed = args.seed
+    elif os.environ.get(SEED_ENV, "").strip():
+        seed = resolve_seed(None)
+    else:
+        seed = DEFAULT_SEED
+    env = determinism_env(seed, os.environ)
+    shown = " ".join(f"{name}={env[name]}" for name in determinism_variables())
+    sys.stderr.write(f"detctx run: {args.runs} runs of {shlex.join(command)}\n  with {shown}\n")
+    tracing = None
+    if args.locate:
+        from detctx._cli.locate import Tracing
+
+        tracing = Tracing.start(args.log_dir)
+    curves = []
+    for index in range(1, args.runs + 1):
+        curve = run_command(
+            command,
+            env if tracing is None else tracing.env_for(index, env),
+            pattern,
+            f"run {index}",
+            log_path=log_file(args.log_dir, index),
+            echo=args.verbose,
+        )
+        if not curve.points and tracing is None:
+            raise MetricsError(no_points_message(f"the output of run {index}", pattern))
+        curves.append(curve)
+    if tracing is not None:
+        return tracing.report(curves, lambda comparison: _report(comparison, args.plot))
+    return _report(compare(curves), args.plot)
+
+
+def _report(comparison: Comparison, plot_path: Path | None) -> int:
+    print(describe(comparison))
+    verdict = AGREE if comparison.agree else DIFFER
+    if plot_path is not None:
+        try:
+            plot(comparison, plot_path)
+        except (DetctxError, ValueError, OSError) as exc:
+            # The path was checked up front; if it broke since, the verdict still stands.
+            sys.stderr.write(f"detctx: error: the plot could not be written: {exc}\n")
+            return verdict
+        print(f"plot written to {plot_path}")
+    return verdict

@@ -1,0 +1,371 @@
+"""Metric curves from training logs: extract, compare point for point, plot.
+
+A curve is the sequence of metric values a log prints, one per matching line,
+in order. Two curves agree when they have the same number of points and every
+point is the same float by :func:`detctx._equality.same_float` (bit for bit;
+NaN equals NaN; ``-0.0`` differs from ``0.0``). Carriage returns count as line
+ends, so progress-bar refreshes (tqdm, Lightning) are separate lines.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from detctx._cli.plot_target import plot_format
+from detctx._equality import same_float
+from detctx._errors import MetricsError, MissingDependencyError
+
+__all__ = [
+    "DEFAULT_PATTERN",
+    "METRIC_VALUE",
+    "Comparison",
+    "Curve",
+    "Point",
+    "compare",
+    "compile_pattern",
+    "describe",
+    "extract",
+    "parse_line",
+    "plot",
+    "read_log",
+    "split_lines",
+]
+
+METRIC_VALUE: Final = (
+    r"(?:tensor\(\s*|['\"])?"
+    r"(?P<value>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?i:nan|inf(?:inity)?)(?!\w))"
+)
+"""A metric's number as logs print it: ``0.5``, ``1.2E+00``, ``nan``, quoted (``'0.5'``,
+transformers 5.x) or in a printed tensor (``tensor(0.5000, ...)``); the group ``value``."""
+
+DEFAULT_PATTERN: Final = (
+    r"(?i)(?<![\w.-])(?:(?:lm|train)[ _])?loss['\"]?\s*[:=]?\s*" + METRIC_VALUE
+)
+"""The default metric pattern: the first training loss on a line, in any letter case.
+
+It matches ``lm loss: 1.234E+00`` (Megatron, MindSpeed), ``loss=0.123`` and
+``train_loss=0.123`` (Lightning's progress bar), ``{'loss': 0.123, ...}``
+(Hugging Face Trainer 4.x) and ``{'loss': '0.6704', ...}`` (5.x, quoted),
+``Loss: 0.5``, ``loss: tensor(0.5000)`` (a printed tensor), ``loss 0.123``
+and ``step 3 loss: 0.5``. It skips ``val_loss``, ``eval_loss``,
+``test_loss`` and ``loss scale: 1.0``, so validation lines and Megatron's
+loss scale are not part of the curve.
+"""
+
+_STEP: Final = re.compile(
+    r"(?<![\w.])(?:global_step|step|iteration|iter)['\"]?\s*[:=]?\s*(\d+)", re.IGNORECASE
+)
+_LINE_END: Final = re.compile(r"\r\n|\r|\n")
+
+
+@dataclass(frozen=True)
+class Point:
+    """One metric value: its number, its text, its 1-based line, and the step the line names.
+
+    ``where`` says where it was read when that is not a line of text (an entry of a
+    JSON list, say); ``line`` is then that entry's 1-based number.
+    """
+
+    value: float
+    text: str
+    line: int
+    step: int | None
+    where: str | None = None
+
+
+@dataclass(frozen=True)
+class Curve:
+    """The metric values of one run or log, in order."""
+
+    name: str
+    points: tuple[Point, ...]
+
+
+def compile_pattern(pattern: str | None) -> re.Pattern[str]:
+    """The metric regex: ``pattern`` or :data:`DEFAULT_PATTERN`.
+
+    The value is the group named ``value``, else group 1, else the whole match.
+    Raises ``ValueError`` for a pattern that does not compile.
+    """
+    source = DEFAULT_PATTERN if pattern is None else pattern
+    try:
+        return re.compile(source)
+    except re.error as exc:
+        raise ValueError(f"bad metric pattern {source!r}: {exc}") from None
+
+
+def split_lines(text: str) -> list[str]:
+    """``text`` split at ``\\n``, ``\\r\\n`` and ``\\r``."""
+    return _LINE_END.split(text)
+
+
+def extract(lines: Iterable[str], pattern: re.Pattern[str], name: str = "log") -> Curve:
+    """The curve of the first match of ``pattern`` on each line.
+
+    Raises :class:`~detctx.MetricsError` when a match holds no number.
+    """
+    points = []
+    for number, line in enumerate(lines, start=1):
+        point = parse_line(line, number, pattern, name)
+        if point is not None:
+            points.append(point)
+    return Curve(name, tuple(points))
+
+
+def parse_line(line: str, number: int, pattern: re.Pattern[str], name: str) -> Point | None:
+    """The metric point on one line, or ``None`` when the pattern does not match it."""
+    match = pattern.search(line)
+    if match is None:
+        return None
+    if "value" in pattern.groupindex:
+        text = match.group("value")
+    elif pattern.groups:
+        text = match.group(1)
+    else:
+        text = match.group(0)
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise MetricsError(
+            f"{name}, line {number}: the metric pattern matched {match.group(0)!r}, which "
+            "holds no number; put the number in a group, e.g. --pattern 'loss=(\\S+)'"
+        ) from None
+    step_match = _STEP.search(line)
+    return Point(value, text, number, int(step_match.group(1)) if step_match else None)
+
+
+def read_log(path: str | Path, pattern: re.Pattern[str]) -> Curve:
+    """The curve in the log file at ``path``.
+
+    Raises :class:`~detctx.MetricsError` for a missing or unreadable
+    file, or one in which no line matches.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        raise MetricsError(f"no such log file: {path}") from None
+    except OSError as exc:
+        raise MetricsError(f"cannot read {path}: {exc.strerror or exc}") from None
+    curve = extract(split_lines(text), pattern, str(path))
+    if not curve.points:
+        raise MetricsError(no_points_message(str(path), pattern))
+    return curve
+
+
+def no_points_message(name: str, pattern: re.Pattern[str]) -> str:
+    """The one-line error for a log without metric lines."""
+    shown = "the default loss pattern" if pattern.pattern == DEFAULT_PATTERN else pattern.pattern
+    return f"no metric lines in {name} (looked for {shown}); pass --pattern to match your log"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """How several curves compare with the first.
+
+    ``first`` is the 0-based index of the first point where any curve differs
+    from the first curve (a value that differs, or a point only some curves
+    have), ``None`` when all agree; ``differing`` counts the point indices
+    where any curve differs and ``max_abs_diff`` is the largest absolute
+    difference among values present in both.
+    """
+
+    curves: tuple[Curve, ...]
+    first: int | None
+    differing: int
+    max_abs_diff: float
+
+    @property
+    def agree(self) -> bool:
+        return self.first is None
+
+    @property
+    def length(self) -> int:
+        return max(len(curve.points) for curve in self.curves)
+
+
+def compare(curves: Sequence[Curve]) -> Comparison:
+    """Compare every curve with the first, point for point."""
+    if len(curves) < 2:
+        raise ValueError("compare needs at least two curves")
+    reference = curves[0].points
+    length = max(len(curve.points) for curve in curves)
+    first: int | None = None
+    differing = 0
+    max_abs = 0.0
+    for index in range(length):
+        differs = False
+        for curve in curves[1:]:
+            if index >= len(curve.points) or index >= len(reference):
+                differs = True
+                continue
+            a, b = reference[index].value, curve.points[index].value
+            if not same_float(a, b):
+                differs = True
+                gap = abs(a - b)
+                max_abs = math.nan if math.isnan(gap) or math.isnan(max_abs) else max(max_abs, gap)
+        if differs:
+            differing += 1
+            if first is None:
+                first = index
+    return Comparison(tuple(curves), first, differing, max_abs)
+
+
+def describe(comparison: Comparison, what: str = "metric") -> str:
+    """A summary of the comparison, a table around the first divergence, and the verdict.
+
+    Curves of different lengths (a run that stopped early, a truncated log)
+    differ; the summary says where the shorter ones end, and how the points
+    all curves have compare.
+    """
+    curves = comparison.curves
+    lines = []
+    counts = ", ".join(f"{curve.name}: {len(curve.points)}" for curve in curves)
+    if comparison.agree:
+        points = curves[0].points
+        values = f"{what} value" if len(points) == 1 else f"{what} values"
+        lines.append(
+            f"{len(curves)} curves agree bit for bit on all {len(points)} {values} "
+            f"(first {points[0].text}, last {points[-1].text})."
+        )
+        return "\n".join(lines)
+    first = comparison.first
+    assert first is not None
+    lines.append(f"points per curve: {counts}")
+    lines.append(_table(curves, max(0, first - 2), min(comparison.length, first + 4)))
+    common = min(len(curve.points) for curve in curves)
+    if common < comparison.length:
+        lines.append(_lengths(comparison, common))
+        return "\n".join(lines)
+    where = _where(curves, first)
+    lines.append(
+        f"curves DIFFER: first divergence at point {first + 1}{where}; "
+        f"{comparison.differing} of {comparison.length} points differ, "
+        f"max abs difference {comparison.max_abs_diff:.6g}."
+    )
+    return "\n".join(lines)
+
+
+def _lengths(comparison: Comparison, common: int) -> str:
+    """The verdict for curves of different lengths: where each short one ends, then the
+    comparison of the ``common`` points every curve has."""
+    ends = []
+    for curve in comparison.curves:
+        if len(curve.points) == comparison.length:
+            continue
+        if curve.points:
+            last = curve.points[-1]
+            step = f"step {last.step}, " if last.step is not None else ""
+            ends.append(
+                f"{curve.name} ends after point {len(curve.points)} ({step}line {last.line})"
+            )
+        else:
+            ends.append(f"{curve.name} has no points")
+    head = f"curves DIFFER in length: {comparison.length} points in the longest, {'; '.join(ends)}."
+    if common == 0:
+        return head
+    within = compare([Curve(c.name, c.points[:common]) for c in comparison.curves])
+    if within.agree:
+        return (
+            f"{head} The {common} points all curves have agree bit for bit; a run stopped "
+            f"early or a log was cut short."
+        )
+    assert within.first is not None
+    return (
+        f"{head} Within the {common} points all curves have: first divergence at point "
+        f"{within.first + 1}{_where(comparison.curves, within.first)}; {within.differing} "
+        f"of {common} differ, max abs difference {within.max_abs_diff:.6g}."
+    )
+
+
+def _where(curves: Sequence[Curve], index: int) -> str:
+    for curve in curves:
+        if index < len(curve.points):
+            point = curve.points[index]
+            step = f"step {point.step}, " if point.step is not None else ""
+            place = point.where or f"line {point.line}"
+            return f" ({step}{place} of {curve.name})"
+    return ""
+
+
+def _table(curves: Sequence[Curve], start: int, stop: int) -> str:
+    reference = curves[0].points
+    columns = []
+    for curve in curves:
+        cells = [curve.name]
+        for index in range(start, stop):
+            if index >= len(curve.points):
+                cells.append("-")
+                continue
+            point = curve.points[index]
+            same = index < len(reference) and same_float(reference[index].value, point.value)
+            cells.append(point.text + ("" if same else " *"))
+        columns.append(cells)
+    widths = [max(len(cell) for cell in cells) for cells in columns]
+    labels = ["point", *(str(index + 1) for index in range(start, stop))]
+    rows = [
+        f"  {label:>5}  " + "  ".join(cells[row].ljust(w) for cells, w in zip(columns, widths))
+        for row, label in enumerate(labels)
+    ]
+    rows.append("  (* differs from the first curve)")
+    return "\n".join(row.rstrip() for row in rows)
+
+
+def plot(comparison: Comparison, path: str | Path, what: str = "metric") -> None:
+    """Write a picture: the curves overlaid, and each curve minus the first, point by point.
+
+    The suffix of ``path`` names the format (``.png``, ``.pdf``, ``.svg``, ...).
+
+    Needs matplotlib (``pip install 'detctx[plot]'``); raises
+    :class:`~detctx.MissingDependencyError` without it.
+    """
+    pyplot = load_pyplot()
+    figure, (top, bottom) = pyplot.subplots(2, 1, sharex=True, figsize=(8, 6))
+    try:
+        reference = comparison.curves[0].points
+        for curve in comparison.curves:
+            xs = range(1, len(curve.points) + 1)
+            top.plot(xs, [p.value for p in curve.points], label=curve.name, linewidth=1)
+        for curve in comparison.curves[1:]:
+            count = min(len(curve.points), len(reference))
+            gaps = [curve.points[i].value - reference[i].value for i in range(count)]
+            bottom.plot(
+                range(1, count + 1), gaps, label=f"{curve.name} - {comparison.curves[0].name}"
+            )
+        if comparison.first is not None:
+            for axes in (top, bottom):
+                axes.axvline(comparison.first + 1, color="red", linestyle=":", linewidth=1)
+        verdict = (
+            "agree bit for bit"
+            if comparison.agree
+            else f"first divergence at point {(comparison.first or 0) + 1}"
+        )
+        top.set_title(f"{what}: {verdict}")
+        top.set_ylabel(what)
+        bottom.set_ylabel("difference")
+        bottom.set_xlabel("point")
+        top.legend(loc="best", fontsize="small")
+        bottom.legend(loc="best", fontsize="small")
+        figure.tight_layout()
+        figure.savefig(str(path), format=plot_format(path))
+    finally:
+        pyplot.close(figure)
+
+
+def load_pyplot() -> Any:
+    """matplotlib's pyplot on the non-interactive Agg backend, or a clear error."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as pyplot
+    except ImportError:
+        raise MissingDependencyError(
+            "--plot needs matplotlib: pip install 'detctx[plot]' (or pip install matplotlib)"
+        ) from None
+    return pyplot

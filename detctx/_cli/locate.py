@@ -1,0 +1,136 @@
+"""``detctx run --locate``: record an op trace in each run and name the first op where they part.
+
+Each run gets ``$DETCTX_LOCATE_TRACE`` (its trace file) and a folder on
+``PYTHONPATH`` whose ``sitecustomize`` starts recording when Python starts
+(:mod:`detctx._locate.child`), then runs any ``sitecustomize`` it hides. So
+``python train.py`` records unchanged, as does a shell script or launcher
+whose first Python process imports the detctx installed with it. A command
+that starts no such Python process (a binary, ``python -I`` or ``-S``)
+writes no trace, and that is reported, not guessed around. The traces are
+kept as ``runN.trace`` in ``--log-dir`` when given, else in a temporary
+folder removed afterwards; they are read back as untrusted input.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import weakref
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Final
+
+from detctx._cli.curves import Comparison, Curve, compare
+from detctx._errors import TraceError
+from detctx._locate.child import TRACE_ENV
+from detctx._locate.divergence import Divergence, compare_traces
+
+__all__ = ["Tracing", "report_located"]
+
+_SHIM: Final = '''\
+"""Written by detctx run --locate: record this process's ops, then the hidden sitecustomize."""
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+if os.environ.get("DETCTX_LOCATE_TRACE"):
+    try:
+        from detctx._locate.child import start_from_environment
+
+        start_from_environment()
+    except Exception as exc:
+        sys.stderr.write(f"detctx: --locate cannot record this process: {exc!r}\\n")
+
+_here = os.path.dirname(os.path.abspath(__file__))
+_rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != _here]
+_spec = importlib.machinery.PathFinder.find_spec("sitecustomize", _rest)
+if _spec is not None and _spec.loader is not None:
+    _module = importlib.util.module_from_spec(_spec)
+    sys.modules["sitecustomize"] = _module
+    _spec.loader.exec_module(_module)
+'''
+
+
+class Tracing:
+    """The traces of one ``detctx run --locate``: where they go, and what they say."""
+
+    def __init__(self, folder: Path, temporary: bool) -> None:
+        self.folder = folder
+        self.temporary = temporary
+        self.site = folder / "detctx-site"
+        # Removed by close(), or at exit when a run failed before the report.
+        self._cleanup = weakref.finalize(
+            self, shutil.rmtree, folder if temporary else self.site, ignore_errors=True
+        )
+        self.site.mkdir(exist_ok=True)
+        (self.site / "sitecustomize.py").write_text(_SHIM, encoding="utf-8")
+        self.runs = 0
+
+    @classmethod
+    def start(cls, log_dir: Path | None) -> Tracing:
+        if log_dir is None:
+            return cls(Path(tempfile.mkdtemp(prefix="detctx-locate-")), True)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        return cls(log_dir, False)
+
+    def trace(self, index: int) -> Path:
+        return self.folder / f"run{index}.trace"
+
+    def env_for(self, index: int, env: Mapping[str, str]) -> dict[str, str]:
+        """``env`` for run ``index`` (1-based): its trace file and the recording shim."""
+        path = self.trace(index)
+        path.unlink(missing_ok=True)
+        self.runs = max(self.runs, index)
+        run_env = dict(env)
+        run_env[TRACE_ENV] = str(path.resolve())
+        rest = run_env.get("PYTHONPATH", "")
+        run_env["PYTHONPATH"] = str(self.site.resolve()) + (os.pathsep + rest if rest else "")
+        return run_env
+
+    def locate(self) -> Divergence | None:
+        """The first op where a run parts from run 1, or ``None`` when every trace agrees."""
+        for index in range(1, self.runs + 1):
+            if not self.trace(index).is_file():
+                raise TraceError(
+                    f"run {index} wrote no op trace: --locate records the first Python "
+                    "process the command starts, through a sitecustomize on PYTHONPATH; this "
+                    "command started none that could import detctx (not Python, python -I or "
+                    "-S, or another environment without detctx)"
+                )
+        for index in range(2, self.runs + 1):
+            found = compare_traces(self.trace(1), self.trace(index), index)
+            if found is not None:
+                return found
+        return None
+
+    def close(self) -> None:
+        """Remove the shim, and the traces too when they live in a temporary folder."""
+        self._cleanup()
+
+    def report(self, curves: list[Curve], report: Callable[[Comparison], int]) -> int:
+        """Locate the first differing op, print it beside the curves' report; then close."""
+        try:
+            return report_located(self.locate(), curves, report)
+        finally:
+            self.close()
+
+
+def report_located(
+    found: Divergence | None, curves: list[Curve], report: Callable[[Comparison], int]
+) -> int:
+    """Print the curves' comparison (when every run printed a metric) and the located op.
+
+    Exit status 1 when either the curves or the op traces differ.
+    """
+    status = 0
+    if all(curve.points for curve in curves):
+        status = report(compare(curves))
+    else:
+        print("no metric lines in the output: comparing the op traces only")
+    if found is None:
+        print(f"op traces: all {len(curves)} runs ran the same ops with the same bits.")
+        return status
+    print(f"op traces: {found}")
+    return 1

@@ -1,0 +1,198 @@
+"""``detctx run``: start a training command with the determinism environment, read its curve."""
+
+from __future__ import annotations
+
+import io
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Final
+
+from detctx._cli.curves import Curve, Point, parse_line
+from detctx._cli.lines import LineReader
+from detctx._cli.signals import signal_of, stop_group
+from detctx._errors import MetricsError
+from detctx._seeds import SEED_ENV
+from detctx._switches import env_switches
+
+__all__ = ["RunFailed", "determinism_env", "determinism_variables", "log_file", "run_command"]
+
+_PROGRESS_EVERY: Final = 2.0
+"""Seconds between progress reports on stderr."""
+
+_TAIL_LINES: Final = 15
+_TAIL_WIDTH: Final = 300
+"""Characters of each of the last lines shown when a run fails."""
+
+
+class RunFailed(MetricsError):
+    """The command exited with a non-zero status; the message holds the end of its output."""
+
+
+def determinism_variables() -> list[str]:
+    """The variables :func:`determinism_env` sets."""
+    return [SEED_ENV, *(switch.variable for switch in env_switches())]
+
+
+def determinism_env(seed: int, base: Mapping[str, str]) -> dict[str, str]:
+    """``base`` plus ``DETCTX_SEED`` and every variable a ``deterministic`` block sets.
+
+    A variable already set to a value the block would keep (``:16:8``,
+    ``strict``) stays as it is, exactly as inside the block.
+    """
+    env = dict(base)
+    env[SEED_ENV] = str(seed)
+    for switch in env_switches():
+        wanted = switch.target(True, seed, env.get(switch.variable))
+        if wanted is not None:
+            env[switch.variable] = wanted
+    return env
+
+
+@dataclass
+class _Progress:
+    """Progress of one run on stderr: a line every few seconds (rewritten on a terminal)."""
+
+    label: str
+    stream: IO[str]
+    started: float
+    last_report: float
+    points: int = 0
+    last: Point | None = None
+
+    def update(self, point: Point | None, final: bool = False) -> None:
+        if point is not None:
+            self.points += 1
+            self.last = point
+        now = time.monotonic()
+        if not final and now - self.last_report < _PROGRESS_EVERY:
+            return
+        self.last_report = now
+        latest = ""
+        if self.last is not None:
+            step = f" at step {self.last.step}" if self.last.step is not None else ""
+            latest = f", latest {self.last.text}{step}"
+        values = "metric value" if self.points == 1 else "metric values"
+        text = f"{self.label}: {self.points} {values}{latest} ({now - self.started:.0f} s)"
+        if self.stream.isatty():
+            self.stream.write("\r\033[K" + text + ("\n" if final else ""))
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+
+def run_command(
+    command: Sequence[str],
+    env: Mapping[str, str],
+    pattern: re.Pattern[str],
+    label: str,
+    *,
+    log_path: Path | None = None,
+    echo: bool = False,
+    progress: IO[str] | None = None,
+) -> Curve:
+    """Run ``command`` to the end, reading the metric curve from its stdout and stderr.
+
+    Progress (metric values so far, the latest one) goes to ``progress`` (stderr);
+    ``echo`` copies the command's output to stdout; ``log_path`` keeps it.
+    Raises :class:`RunFailed` if it exits with a non-zero status and
+    :class:`~detctx.MetricsError` if it cannot be started. The command
+    runs in its own process group; if reading is interrupted (Ctrl-C, or
+    :class:`~detctx._cli.signals.Stopped` for SIGTERM / SIGHUP) the same signal
+    goes to that group, which is killed if it is still there after a short wait.
+    """
+    try:
+        process = subprocess.Popen(
+            list(command),
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    except FileNotFoundError:
+        raise MetricsError(f"command not found: {command[0]}") from None
+    except OSError as exc:
+        raise MetricsError(f"cannot run {command[0]}: {exc.strerror or exc}") from None
+    now = time.monotonic()
+    tracker = _Progress(label, sys.stderr if progress is None else progress, now, now)
+    points: list[Point] = []
+    tail: list[str] = []
+    log = open(log_path, "w", encoding="utf-8") if log_path is not None else None
+    reader = LineReader()
+    number = 0
+
+    def take(line: str) -> None:
+        nonlocal number
+        number += 1
+        tail.append(line)
+        del tail[:-_TAIL_LINES]
+        point = parse_line(line, number, pattern, label)
+        if point is not None:
+            points.append(point)
+        tracker.update(point)
+
+    try:
+        stdout = process.stdout
+        assert isinstance(stdout, io.BufferedReader)
+        while True:
+            # read1 returns what the pipe has now, so progress is not held back by buffering.
+            chunk = stdout.read1(65536)
+            if not chunk:
+                break
+            text = reader.decode(chunk)
+            if echo:
+                sys.stdout.write(text)
+                sys.stdout.flush()
+            if log is not None:
+                log.write(text)
+            for line in reader.feed(text):
+                take(line)
+        for line in reader.finish():
+            take(line)
+        status = process.wait()
+    except BaseException as exc:
+        stop_group(process, signal_of(exc))
+        raise
+    finally:
+        if log is not None:
+            log.close()
+    tracker.update(None, final=True)
+    if status != 0:
+        ended = _exit_text(status)
+        raise RunFailed(f"{label} failed: {shlex.join(command)} {ended}; {_tail(tail)}")
+    return Curve(label, tuple(points))
+
+
+def _exit_text(status: int) -> str:
+    if status < 0:
+        try:
+            return f"was killed by {signal.Signals(-status).name}"
+        except ValueError:
+            return f"was killed by signal {-status}"
+    return f"exited with status {status}"
+
+
+def _tail(lines: Sequence[str]) -> str:
+    shown = [line for line in lines if line.strip()]
+    if not shown:
+        return "it printed nothing (run it by hand to see why)"
+    cut = [
+        line if len(line) <= _TAIL_WIDTH else f"{line[:_TAIL_WIDTH]}... ({len(line)} characters)"
+        for line in shown
+    ]
+    return "its last lines:\n" + "\n".join(f"    {line}" for line in cut)
+
+
+def log_file(directory: Path | None, index: int) -> Path | None:
+    """Where run ``index`` (1-based) keeps its output, if a log directory was asked for."""
+    if directory is None:
+        return None
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory / f"run{index}.log"

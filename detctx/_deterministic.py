@@ -1,0 +1,160 @@
+"""``deterministic(seed=...)``: seed, switch on determinism, restore everything.
+
+The object holds only its configuration (:class:`~detctx._settings.Settings`);
+each entry is a frame of :mod:`detctx._blocks`, so one object can be entered
+many times, nested and used recursively, and the decorator forms
+(:mod:`detctx._decorators`) stand on the same machinery.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, TypeVar, overload
+
+from typing_extensions import Unpack
+
+from detctx import _blocks as frames
+from detctx import _interrupts as interrupts
+from detctx._decorators import decorate
+from detctx._seeds import DEFAULT_SEED
+from detctx._settings import Seeding, Settings
+from detctx._snapshot import Snapshot, active_sources
+from detctx._switches import SwitchOptions
+
+__all__ = ["deterministic", "open_blocks", "seed_all"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class deterministic:
+    """Make a block of PyTorch work reproducible and leave the process as it was.
+
+    On entry it snapshots every RNG (Python ``random``, NumPy's global
+    generator, torch's CPU generator, every available accelerator, registered
+    sources), the algorithm flags and the determinism environment variables;
+    seeds every RNG with ``seed``; and switches determinism on. On exit (normal,
+    exception, ``KeyboardInterrupt``, ``return``) it restores all of it::
+
+        with detctx.deterministic(seed=1234) as seeding:
+            train(model, loader)         # the same loss curve on every run
+        # every RNG, flag and variable is as it was before the block
+
+    ``seed``: an integer in ``[0, 2**32 - 1]`` (default 1234, MindSpeed's), or
+    ``None`` for ``$DETCTX_SEED`` if set, else a fresh seed from OS entropy.
+    After entry, draws from ``random``, ``np.random`` and ``torch`` equal those
+    after ``random.seed(s); np.random.seed(s); torch.manual_seed(s)``.
+
+    ``**switches`` (:class:`~detctx._switches.SwitchOptions`; each is on unless
+    turned off with ``False``):
+
+    - ``algorithms``: ``torch.use_deterministic_algorithms(True)``; ``"warn"``
+      sets ``warn_only=True``.
+    - ``cudnn``: ``cudnn.deterministic = True``, ``cudnn.benchmark = False``.
+    - ``hash_seed``: ``PYTHONHASHSEED=str(seed)`` for child processes (this
+      process's hash seed is fixed at its start).
+    - ``cublas_workspace``: ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` (``:16:8`` kept).
+    - ``hccl``: ``HCCL_DETERMINISTIC=true``; ``"strict"`` for ``strict``.
+    - ``matmul_k_shift``: ``CLOSE_MATMUL_K_SHIFT=1`` (Ascend matmul order).
+    - ``flash_attention``: ``FLASH_ATTENTION_DETERMINISTIC=1``.
+
+    Entering returns a :class:`~detctx._settings.Seeding` with the seed used.
+    Bad arguments raise ``TypeError`` / ``ValueError`` here, before anything
+    is changed.
+    """
+
+    def __init__(self, seed: int | None = DEFAULT_SEED, **switches: Unpack[SwitchOptions]) -> None:
+        self._settings = Settings(seed, switches, caller=type(self).__name__)
+
+    @property
+    def settings(self) -> Settings:
+        """The validated configuration (seed and every switch's setting)."""
+        return self._settings
+
+    @property
+    def seed(self) -> int | None:
+        """The configured seed (``None``: resolved on each entry)."""
+        return self._settings.seed
+
+    def __repr__(self) -> str:
+        changed = "".join(f", {name}={value!r}" for name, value in self._settings.changed().items())
+        return f"{type(self).__name__}(seed={self.seed!r}{changed})"
+
+    def __enter__(self) -> Seeding:
+        settings = self._settings
+        seed = settings.resolve_seed()
+        depth = len(frames.context_frames())
+        try:
+            return frames.enter(self, lambda sources, now: settings.apply(sources, seed, now))
+        except BaseException:
+            frames.abandon(self, depth)  # interrupted on the way out of enter
+            raise
+
+    @interrupts.edge
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        frames.exit(self)
+
+    @overload
+    def __call__(self, func: F) -> F: ...
+    @overload
+    def __call__(self, func: type[Any]) -> type[Any]: ...
+    def __call__(self, func: Any) -> Any:
+        """Use the block as a decorator.
+
+        - A function: each call runs in its own block.
+        - A generator, async generator or coroutine function: each call's body
+          runs in its own RNG world, seeded on its first step, swapped in on
+          every resume and out (the caller's world put back) on every yield,
+          ``await`` suspension, ``close``, ``throw``, return and exception.
+        - A ``unittest.TestCase`` subclass: each test method is decorated.
+        - A hypothesis ``@given`` test (decorate it outermost): each call is a
+          block, and each example runs in its own entry of it, so every
+          example starts from the seed, torch included.
+
+        Anything else raises ``TypeError`` here. See :mod:`detctx._decorators`.
+        """
+        return decorate(self, func)
+
+
+def seed_all(seed: int | None = DEFAULT_SEED, **switches: Unpack[SwitchOptions]) -> Seeding:
+    """Seed everything and switch determinism on, for good (MindSpeed's ``seed_all``).
+
+    The same seeding, switches and environment variables as entering
+    :class:`deterministic` with the same arguments; nothing is ever restored,
+    unless seeding fails (a registered source's ``seed`` raises): then every
+    RNG, flag and variable is put back before the error is raised.
+    Returns the :class:`~detctx._settings.Seeding` (its ``seed`` is the one used)::
+
+        detctx.seed_all(1234)        # at the top of a training script
+    """
+    settings = Settings(seed, switches, caller="seed_all")
+    resolved = settings.resolve_seed()
+    frames.acquire()
+    try:
+        sources = active_sources()
+        before = Snapshot.capture(sources, switches=True)
+        try:
+            return settings.apply(sources, resolved, before)
+        except BaseException:
+            before.restore()  # a source that cannot be seeded: nothing is left half-seeded
+            raise
+    finally:
+        frames.release()
+
+
+def open_blocks() -> tuple[Seeding, ...]:
+    """What every block open now applied, outermost first (``()`` outside any block).
+
+    Blocks are process-wide: this includes the blocks that enclose the caller.
+    A decorated generator's or coroutine's own world is not a block; the
+    blocks its body opens are, while one of its steps runs::
+
+        with detctx.deterministic(seed=5):
+            assert detctx.open_blocks()[-1].seed == 5
+    """
+    return tuple(frame.seeding for frame in frames.open_frames())

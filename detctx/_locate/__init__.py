@@ -1,0 +1,16 @@
+"""Find where two runs part: the first differing op, named by module and source line.
+
+``locate_divergence(fn)`` runs ``fn`` twice in fresh ``deterministic``
+blocks while recording every ATen op (name, module path, source line, a
+bit-exact digest of its outputs) and returns the first op that differs as a
+:class:`Divergence`, or ``None``. ``detctx run --locate`` does the same
+across processes through :mod:`detctx._locate.child`. Recording is opt-in:
+nothing is installed until a recording starts.
+"""
+
+from __future__ import annotations
+
+from detctx._locate.divergence import Divergence
+from detctx._locate.search import locate_divergence
+
+__all__ = ["Divergence", "locate_divergence"]

@@ -1,0 +1,239 @@
+"""The first op where two runs part, and how to describe it."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import zip_longest
+from pathlib import Path
+
+import torch
+
+from detctx._locate.trace import OpRecord, read_trace
+
+__all__ = [
+    "Capture",
+    "Comparison",
+    "Divergence",
+    "compare_records",
+    "compare_traces",
+    "element_difference",
+]
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Where run ``run`` first parted from run 1, and how.
+
+    ``index`` is the op's position in the run (0-based, counting recorded
+    ops), ``op`` its ATen name (``aten::addmm``), ``module_path`` the
+    innermost ``nn.Module`` running (``""`` at top level), ``source`` the
+    user's ``file:line`` that issued it (for a backward op, the line of the
+    forward op it differentiates), ``node`` the autograd node for a backward
+    op (``""`` in the forward pass). ``shape``, ``dtype`` and ``device``
+    describe its first output. ``reason`` is ``"values"`` (same op, different
+    bits), ``"rng"`` (a random op whose generator state already differed),
+    ``"op"`` (the runs ran different ops here) or ``"ended"`` (one run ran
+    out of ops). ``mismatched``, ``total`` and ``max_abs_diff`` are filled
+    in for ``"values"`` when the tensors are at hand: run ``run``'s are kept
+    as it runs, run 1's come from a replay that agreed with run 1 on every
+    op before this one (when run 1 itself read OS entropy, the replay's
+    values stand in for it).
+    ``str()`` is a one-paragraph report.
+    """
+
+    index: int
+    op: str
+    module_path: str
+    source: str
+    shape: tuple[int, ...]
+    dtype: str
+    device: str
+    reason: str
+    run: int = 2
+    node: str = ""
+    reference: str = ""
+    mismatched: int | None = None
+    total: int | None = None
+    max_abs_diff: float | None = None
+
+    def where(self) -> str:
+        module = f"in module {self.module_path}" if self.module_path else "at top level"
+        phase = f", in the backward pass ({self.node})" if self.node else ""
+        return f"{self.op} {module} ({self.source}){phase}"
+
+    def __str__(self) -> str:
+        head = f"Run {self.run} parted from run 1 at op {self.index}"
+        output = f"{self.dtype} output of shape {self.shape} on {self.device}"
+        if self.reason == "rng":
+            return (
+                f"{head}, {self.where()}: the RNG stream differed before this op. Every "
+                "recorded op before it produced the same bits, but the generator it draws "
+                f"from (on {self.device}) was in another state: something drew from it outside "
+                "the recorded ops (another thread, a C extension) or reseeded it, so its "
+                "random numbers differ."
+            )
+        if self.reason == "op":
+            return (
+                f"{head}: run {self.run} ran {self.where()} where run 1 ran {self.reference}. "
+                "The runs took different paths here (control flow that depends on data, a "
+                "counter, the clock or the environment)."
+            )
+        if self.reason == "ended":
+            return (
+                f"{head}: {self.reference}. The runs agree up to there but one ran more ops "
+                f"(the next: {self.where()})."
+            )
+        if self.mismatched is not None and self.total is not None:
+            gap = (
+                ""
+                if self.max_abs_diff is None
+                else (f", largest absolute difference {self.max_abs_diff:.6g}")
+            )
+            detail = f": {self.mismatched} of {self.total} elements differ{gap}"
+        else:
+            detail = " (its tensors were not at hand to count the differing elements)"
+        return (
+            f"{head}, {self.where()}: its {output} differs{detail}. Every recorded op "
+            "before it produced the same bits in both runs, so the difference entered here: "
+            "look at what this op reads that no earlier op made (data from outside torch, "
+            "OS entropy, a tensor from before the run) or at a nondeterministic kernel."
+        )
+
+
+def _describe(record: OpRecord) -> str:
+    module = f"in module {record.module_path}" if record.module_path else "at top level"
+    return f"{record.op} {module} ({record.source})"
+
+
+def compare_records(
+    index: int, reference: OpRecord | None, record: OpRecord | None, run: int
+) -> Divergence | None:
+    """The divergence at position ``index`` (``None`` for a run that has ended), if any."""
+    if reference is None and record is None:
+        return None
+    if reference is None or record is None:
+        shown = record if record is not None else reference
+        assert shown is not None
+        ended = f"run {'1' if reference is None else run} ended after {index} ops"
+        return _divergence(index, shown, "ended", run, ended)
+    if reference.op != record.op:
+        return _divergence(index, record, "op", run, _describe(reference))
+    if reference.rng != record.rng:
+        return _divergence(index, record, "rng", run)
+    if reference.digest != record.digest or reference.meta() != record.meta():
+        return _divergence(index, record, "values", run)
+    return None
+
+
+def _divergence(
+    index: int, record: OpRecord, reason: str, run: int, reference: str = ""
+) -> Divergence:
+    return Divergence(
+        index,
+        record.op,
+        record.module_path,
+        record.source,
+        record.shape,
+        record.dtype,
+        record.device,
+        reason,
+        run,
+        record.node,
+        reference,
+    )
+
+
+class Comparison:
+    """A sink that compares a run, op by op, with a recorded reference run."""
+
+    def __init__(self, reference: Iterator[OpRecord], run: int) -> None:
+        self.reference = reference
+        self.run = run
+        self.index = 0
+        self.found: Divergence | None = None
+        self.reference_record: OpRecord | None = None
+        self.tensors: list[torch.Tensor] = []
+
+    def add(self, record: OpRecord, outputs: list[torch.Tensor]) -> None:
+        if self.found is not None:
+            return
+        reference = next(self.reference, None)
+        self.found = compare_records(self.index, reference, record, self.run)
+        if self.found is not None:
+            self.reference_record = reference
+            self.tensors = [tensor.detach().clone() for tensor in outputs]
+        self.index += 1
+
+    def finish(self) -> Divergence | None:
+        """The divergence found, including a reference that ran more ops than this run."""
+        if self.found is None:
+            self.found = compare_records(self.index, next(self.reference, None), None, self.run)
+        return self.found
+
+
+class Capture:
+    """A sink that copies the outputs of op number ``index`` of a replay of run 1.
+
+    The copy is kept only if every op before it agreed with run 1's records
+    (``reference``), so it is what run 1's op made from the same inputs.
+    """
+
+    def __init__(self, index: int, reference: Iterator[OpRecord]) -> None:
+        self.index = index
+        self.reference = reference
+        self.seen = 0
+        self.agreed = True
+        self.tensors: list[torch.Tensor] = []
+
+    def add(self, record: OpRecord, outputs: list[torch.Tensor]) -> None:
+        if self.seen > self.index or not self.agreed:
+            return
+        if self.seen == self.index:
+            self.tensors = [tensor.detach().clone() for tensor in outputs]
+        else:
+            expected = next(self.reference, None)
+            self.agreed = compare_records(self.seen, expected, record, 1) is None
+        self.seen += 1
+
+
+def element_difference(
+    first: list[torch.Tensor], second: list[torch.Tensor]
+) -> tuple[int, int, float | None] | None:
+    """``(mismatched, total, max_abs_diff)`` for the first output pair whose bits differ."""
+    for a, b in zip(first, second):
+        if a.dtype != b.dtype or a.shape != b.shape:
+            continue
+        size = a.element_size()
+        word = {1: torch.uint8, 2: torch.int16, 4: torch.int32}.get(size, torch.int64)
+        bits_a = a.detach().reshape(-1).view(word).reshape(a.numel(), -1)
+        bits_b = b.detach().reshape(-1).view(word).reshape(b.numel(), -1)
+        differs = (bits_a != bits_b).any(dim=1)
+        mismatched = int(differs.sum().item())
+        if mismatched == 0:
+            continue
+        if a.dtype == torch.bool:
+            return mismatched, a.numel(), None
+        wide = torch.complex128 if a.is_complex() else torch.float64
+        gaps = (a.reshape(-1)[differs].to(wide) - b.reshape(-1)[differs].to(wide)).abs()
+        largest = float(gaps.max().item())
+        return mismatched, a.numel(), math.nan if math.isnan(largest) else largest
+    return None
+
+
+def compare_traces(reference: Path, other: Path, run: int) -> Divergence | None:
+    """The first op where the trace ``other`` (of run ``run``) parts from ``reference``.
+
+    Both files are streamed, a record at a time, and checked as they are read.
+    """
+    first, second = read_trace(reference), read_trace(other)
+    try:
+        for index, (a, b) in enumerate(zip_longest(first, second)):
+            found = compare_records(index, a, b, run)
+            if found is not None:
+                return found
+    finally:
+        first.close()
+        second.close()
+    return None

@@ -1,0 +1,113 @@
+"""``locate_divergence``: run a function several times while recording; the first differing op."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from detctx._deterministic import deterministic
+from detctx._locate.divergence import Capture, Comparison, Divergence, element_difference
+from detctx._locate.trace import TraceWriter, read_trace
+from detctx._seeds import DEFAULT_SEED, resolve_seed, validate_seed
+
+if TYPE_CHECKING:
+    from detctx._locate.recorder import Sink
+
+__all__ = ["locate_divergence"]
+
+
+def _recorded(
+    block: deterministic, sink: Sink, fn: Callable[..., Any], args: Any, kwargs: Any
+) -> None:
+    # The recorder (and torch's private dispatch-mode module) loads on first use:
+    # ``import detctx`` stays as fast as without locating.
+    from detctx._locate.recorder import OpRecorder
+
+    with block:
+        recorder = OpRecorder(sink)
+        recorder.start()
+        try:
+            fn(*args, **kwargs)
+        finally:
+            recorder.stop()
+
+
+def locate_divergence(
+    fn: Callable[..., Any],
+    *args: Any,
+    runs: int = 2,
+    seed: int | None = DEFAULT_SEED,
+    **kwargs: Any,
+) -> Divergence | None:
+    """Run ``fn(*args, **kwargs)`` ``runs`` times, recording every op; the first that differs.
+
+    Each run happens in a fresh ``deterministic(seed=seed)`` block, as in
+    :func:`~detctx.check_reproducible` (``seed=None``: one seed resolved from
+    ``$DETCTX_SEED`` or OS entropy, used for every run). While a run executes,
+    every ATen op of this thread, forward and backward, is recorded: its
+    name, the innermost ``nn.Module`` running, the user's source line, and a
+    bit-exact digest of its outputs (see ``detctx/_locate/digest.py``). Run 1's
+    records are streamed to a temporary file; each later run is compared
+    with them op by op as it runs. Returns ``None`` when every run agrees
+    with run 1, else a :class:`Divergence` for the first run that parts from
+    it. When the differing op's values differ, run 1 is replayed once more
+    to count the differing elements (used only if the replay agrees with
+    run 1 on every op before that one). Results of ``fn`` are not compared: use
+    ``check_reproducible(..., locate=True)`` for both.
+
+    >>> import detctx, torch
+    >>> model = torch.nn.Linear(4, 2)
+    >>> detctx.locate_divergence(lambda: model(torch.randn(3, 4)).sum().backward()) is None
+    True
+
+    Recording uses torch's private ``TorchDispatchMode``; without it this
+    raises :class:`~detctx.MissingDependencyError`. ``fn``'s own
+    keyword arguments named ``runs`` or ``seed`` must be bound with
+    ``functools.partial``.
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    if isinstance(runs, bool) or not isinstance(runs, int):
+        raise TypeError(f"runs must be an integer, got {runs!r}")
+    if runs < 2:
+        raise ValueError(f"runs must be at least 2 to compare anything, got {runs}")
+    block = deterministic(resolve_seed(None if seed is None else validate_seed(seed)))
+    from detctx._locate.recorder import dispatch_mode_class
+
+    dispatch_mode_class()
+    with tempfile.TemporaryDirectory(prefix="detctx-locate-") as folder:
+        path = Path(folder) / "run1.trace"
+        writer = TraceWriter(path)
+        try:
+            _recorded(block, writer, fn, args, kwargs)
+        finally:
+            writer.close()
+        for run in range(2, runs + 1):
+            reference = read_trace(path)
+            comparison = Comparison(reference, run)
+            try:
+                _recorded(block, comparison, fn, args, kwargs)
+                found = comparison.finish()
+            finally:
+                reference.close()
+            if found is None:
+                continue
+            if found.reason != "values" or comparison.reference_record is None:
+                return found
+            reference = read_trace(path)
+            replay = Capture(found.index, reference)
+            try:
+                _recorded(block, replay, fn, args, kwargs)
+            finally:
+                reference.close()
+            if not replay.agreed:
+                return found
+            counts = element_difference(replay.tensors, comparison.tensors)
+            if counts is None:
+                return found
+            mismatched, total, largest = counts
+            return replace(found, mismatched=mismatched, total=total, max_abs_diff=largest)
+    return None

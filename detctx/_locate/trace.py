@@ -1,0 +1,220 @@
+"""Op traces on disk: one compact record per op, streamed, read back as untrusted input.
+
+A trace is ``MAGIC``, a version, then records. A string (op name, module
+path, source line, output description) is written once, the first time it is
+used, and referred to by number afterwards, so a record of an op is 38 bytes
+whatever its tensors' sizes. The writer keeps at most :data:`BUFFER_BYTES`
+of records in memory before writing them out; a run of a million ops holds
+no more of its trace than a run of ten. The reader yields one record at a
+time and checks everything: the header, every tag, every length and string
+number, the text of every output description, and the end marker that
+tells a complete trace from one cut short.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+from collections.abc import Generator
+from pathlib import Path
+from typing import BinaryIO, Final, NamedTuple
+
+from detctx._errors import TraceError
+
+__all__ = ["BUFFER_BYTES", "MAGIC", "OpRecord", "TraceWriter", "read_trace"]
+
+MAGIC: Final = b"DETCTXTR"
+VERSION: Final = 1
+BUFFER_BYTES: Final = 1 << 16
+"""Records kept in memory before they are written out."""
+MAX_STRING: Final = 4096
+MAX_STRINGS: Final = 1 << 20
+
+_HEADER: Final = struct.Struct("<8sH")
+_STRING: Final = struct.Struct("<IH")
+_OP: Final = struct.Struct("<IIIIIQQB")
+_END: Final = struct.Struct("<Q")
+_RANDOM: Final = 1
+_META: Final = re.compile(r"([A-Za-z0-9_.]{1,40})\|((?:\d{1,19}(?:,\d{1,19}){0,63})?)\|(.{1,64})")
+
+
+class OpRecord(NamedTuple):
+    """One recorded op: what ran, where, and the digest of what it produced.
+
+    ``node`` is the autograd node (``AddmmBackward0``) for an op run by the
+    backward pass, ``""`` in the forward pass. ``rng`` is a digest of the
+    generator state before a random op (``None`` for other ops). ``dtype``,
+    ``shape`` and ``device`` describe the op's first tensor output.
+    """
+
+    op: str
+    module_path: str
+    source: str
+    node: str
+    dtype: str
+    shape: tuple[int, ...]
+    device: str
+    digest: int
+    rng: int | None
+
+    def meta(self) -> str:
+        return f"{self.dtype}|{','.join(map(str, self.shape))}|{self.device}"
+
+
+class TraceWriter:
+    """Writes :class:`OpRecord` s to a binary file, :data:`BUFFER_BYTES` at a time."""
+
+    def __init__(self, path: Path, *, exclusive: bool = False) -> None:
+        self.path = path
+        self._file: BinaryIO | None = open(path, "xb" if exclusive else "wb")
+        self._pid = os.getpid()
+        self._buffer = bytearray(_HEADER.pack(MAGIC, VERSION))
+        self._strings: dict[str, int] = {}
+        self._metas: dict[tuple[str, tuple[int, ...], str], int] = {}
+        self.count = 0
+
+    @property
+    def buffered(self) -> int:
+        """Bytes of records held in memory now (never more than :data:`BUFFER_BYTES`)."""
+        return len(self._buffer)
+
+    def _string(self, text: str) -> int:
+        number = self._strings.get(text)
+        if number is None:
+            data = text.encode("utf-8", errors="replace")[:MAX_STRING]
+            number = len(self._strings)
+            self._strings[text] = number
+            self._buffer += b"S" + _STRING.pack(number, len(data)) + data
+        return number
+
+    def _meta(self, record: OpRecord) -> int:
+        key = (record.dtype, record.shape, record.device)
+        number = self._metas.get(key)
+        if number is None:
+            number = self._metas[key] = self._string(record.meta())
+        return number
+
+    def add(self, record: OpRecord, outputs: object = None) -> None:
+        """Append ``record`` (``outputs``, the tensors, are not written: digests only)."""
+        if self._file is None:
+            raise ValueError(f"the trace {self.path} is closed")
+        ids = (
+            self._string(record.op),
+            self._string(record.module_path),
+            self._string(record.source),
+            self._string(record.node),
+            self._meta(record),
+        )
+        random = record.rng is not None
+        self._buffer += b"O" + _OP.pack(*ids, record.digest, record.rng or 0, _RANDOM * random)
+        self.count += 1
+        if len(self._buffer) >= BUFFER_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        if os.getpid() != self._pid:
+            # A forked child holds a copy of the buffer: writing it would corrupt the trace.
+            self._buffer.clear()
+            return
+        if self._file is not None and self._buffer:
+            self._file.write(self._buffer)
+            self._buffer.clear()
+
+    def close(self) -> None:
+        """Write the end marker and close the file (a second call does nothing)."""
+        if self._file is None or os.getpid() != self._pid:
+            return
+        self._buffer += b"E" + _END.pack(self.count)
+        self._flush()
+        self._file.close()
+        self._file = None
+
+
+class _Reader:
+    def __init__(self, path: Path, stream: BinaryIO) -> None:
+        self.path = path
+        self.stream = stream
+
+    def fail(self, why: str) -> TraceError:
+        return TraceError(f"op trace {self.path}: {why} at byte {self.stream.tell()}")
+
+    def take(self, size: int, what: str) -> bytes:
+        data = self.stream.read(size)
+        if len(data) != size:
+            raise self.fail(
+                f"{what} is cut short: the run ended before its trace was closed (killed, "
+                "or left through os._exit); run it again"
+            )
+        return data
+
+
+def _parse_meta(reader: _Reader, text: str) -> tuple[str, tuple[int, ...], str]:
+    match = _META.fullmatch(text)
+    if match is None:
+        raise reader.fail(f"output description {text[:80]!r} is malformed")
+    dtype, shape, device = match.groups()
+    return dtype, tuple(int(size) for size in shape.split(",")) if shape else (), device
+
+
+def read_trace(path: Path) -> Generator[OpRecord, None, None]:
+    """Yield the records of the trace at ``path``, one at a time.
+
+    Raises :class:`~detctx.TraceError` for anything that is not a
+    complete trace of this format, with the byte offset of the problem.
+    """
+    try:
+        stream = open(path, "rb")
+    except OSError as exc:
+        raise TraceError(f"cannot read op trace {path}: {exc.strerror or exc}") from None
+    with stream:
+        reader = _Reader(path, stream)
+        magic, version = _HEADER.unpack(reader.take(_HEADER.size, "the header"))
+        if magic != MAGIC:
+            raise reader.fail("not a detctx op trace (wrong magic bytes)")
+        if version != VERSION:
+            raise reader.fail(f"format version {version}, this detctx reads {VERSION}")
+        strings: list[str] = []
+        metas: dict[int, tuple[str, tuple[int, ...], str]] = {}
+        count = 0
+        while True:
+            tag = reader.take(1, "a record tag")
+            if tag == b"S":
+                number, size = _STRING.unpack(reader.take(_STRING.size, "a string record"))
+                if number != len(strings) or number >= MAX_STRINGS or size > MAX_STRING:
+                    raise reader.fail(f"string record {number} of {size} bytes is out of order")
+                try:
+                    strings.append(reader.take(size, "a string").decode("utf-8"))
+                except UnicodeDecodeError:
+                    raise reader.fail("a string is not UTF-8") from None
+            elif tag == b"O":
+                *ids, value, rng, flags = _OP.unpack(reader.take(_OP.size, "an op record"))
+                if max(ids) >= len(strings) or flags > _RANDOM:
+                    raise reader.fail("an op record refers to an unknown string or flag")
+                if ids[4] not in metas:
+                    metas[ids[4]] = _parse_meta(reader, strings[ids[4]])
+                dtype, shape, device = metas[ids[4]]
+                op, module_path, source, node = (strings[i] for i in ids[:4])
+                yield OpRecord(
+                    op,
+                    module_path,
+                    source,
+                    node,
+                    dtype,
+                    shape,
+                    device,
+                    value,
+                    rng if flags & _RANDOM else None,
+                )
+                count += 1
+            elif tag == b"E":
+                (expected,) = _END.unpack(reader.take(_END.size, "the end marker"))
+                if expected != count:
+                    raise reader.fail(
+                        f"the end marker counts {expected} ops, the trace has {count}"
+                    )
+                if stream.read(1):
+                    raise reader.fail("data follows the end marker")
+                return
+            else:
+                raise reader.fail(f"unknown record tag {tag!r}")

@@ -1,0 +1,272 @@
+"""Snapshots: every managed RNG state, and optionally every switch, as one value.
+
+One type serves every use: a block's entry snapshot and a decorated
+generator's private world hold RNG states and switch values; :func:`capture`
+holds RNG states only. Parts are keyed by name (source names, switch names).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections.abc import Iterator, Mapping
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from detctx import _interrupts as interrupts
+from detctx import _state_dict as state_dict
+from detctx._accelerators import Uninitialised, active_accelerators
+from detctx._environment import WATCHED
+from detctx._sources import RNGSource, registered_sources, registry_version
+from detctx._switches import SWITCHES
+
+__all__ = ["Snapshot", "active_sources", "capture", "fingerprint", "restore"]
+
+
+class _Part(Protocol):
+    """A switch, or the watched environment variables: put back by ``restore``."""
+
+    def restore(self, saved: Any) -> None: ...
+
+
+_active_cache: tuple[int, object, list[tuple[str, RNGSource]]] | None = None
+
+
+def active_sources() -> list[tuple[str, RNGSource]]:
+    """Every source a block manages now: built-ins, available accelerators, user sources.
+
+    The list is cached until a source is (un)registered or the accelerators
+    change; callers must not modify it.
+    """
+    global _active_cache
+    accelerators = active_accelerators()
+    version = registry_version()
+    if (
+        _active_cache is not None
+        and _active_cache[0] == version
+        and _active_cache[1] is accelerators
+    ):
+        return _active_cache[2]
+    found: list[tuple[str, RNGSource]] = []
+    user: list[tuple[str, RNGSource]] = []
+    for name, source in registered_sources():
+        (found if name in ("python", "numpy", "torch") else user).append((name, source))
+    found.extend((acc.device_type, acc) for acc in accelerators)
+    found.extend(user)
+    _active_cache = (version, accelerators, found)
+    return found
+
+
+class Snapshot(Mapping[str, Any]):
+    """The states of a set of RNG sources, and maybe of the switches, at one moment.
+
+    As a mapping it is ``{source name: captured state}``; :attr:`switches`
+    maps switch names to their captured values, and ``"watched environment"``
+    to the variables frameworks set (empty for :func:`capture`, which leaves
+    flags and environment variables out). ``restore()`` puts
+    every captured part back; sources registered after the capture are left
+    alone. ``detctx.RNGState`` is this class.
+    """
+
+    __slots__ = ("_atomic", "_rng", "_switches")
+
+    def __init__(
+        self,
+        rng: dict[str, tuple[RNGSource, Any]],
+        switches: dict[str, tuple[_Part, Any]] | None = None,
+        *,
+        atomic: bool = False,
+    ) -> None:
+        self._rng = rng
+        self._switches = {} if switches is None else switches
+        self._atomic = atomic
+
+    @classmethod
+    def capture(
+        cls, sources: list[tuple[str, RNGSource]] | None = None, *, switches: bool = False
+    ) -> Snapshot:
+        """Capture ``sources`` (default: every active source) and, with ``switches``, every
+        switch and the watched environment variables (:data:`detctx._environment.WATCHED`).
+        Nothing is changed and no device the program has not used is woken."""
+        if sources is None:
+            sources = active_sources()
+        rng = {name: (source, source.capture()) for name, source in sources}
+        if not switches:
+            return cls(rng)
+        parts: dict[str, tuple[_Part, Any]] = {
+            switch.name: (switch, switch.capture()) for switch in SWITCHES
+        }
+        parts[WATCHED.name] = (WATCHED, WATCHED.capture())
+        return cls(rng, parts)
+
+    @property
+    def switches(self) -> Mapping[str, Any]:
+        """The captured switch values, by switch name."""
+        return {name: value for name, (_, value) in self._switches.items()}
+
+    def switch_value(self, name: str) -> Any:
+        """The captured value of the switch ``name`` (``KeyError`` if not captured)."""
+        return self._switches[name][1]
+
+    def restore(self, unchanged: Snapshot | None = None) -> None:
+        """Put every captured part back: switches (in reverse order), then RNGs.
+
+        Every part is attempted even if one fails (a ``KeyboardInterrupt``
+        included); the first failure is raised afterwards. ``unchanged``: a
+        snapshot of the present state; switches whose value is the same there
+        are left alone (a generator step swaps worlds twice, so skipping no-op
+        writes of flags and variables matters).
+
+        A snapshot from :func:`capture` or :meth:`from_state_dict` restores
+        atomically: if any part fails, every source it holds is put back to
+        what it was before the call, then the failure is raised.
+        """
+        if not self._atomic:
+            self._restore_parts(unchanged)
+            return
+        held = interrupts.hold()
+        try:
+            before = Snapshot(
+                {name: (source, source.capture()) for name, (source, _) in self._rng.items()}
+            )
+            try:
+                self._restore_parts(unchanged)
+            except BaseException:
+                before._restore_parts(None)
+                raise
+        finally:
+            interrupts.let_go(held)
+
+    def _restore_parts(self, unchanged: Snapshot | None) -> None:
+        first_error: BaseException | None = None
+        now = None if unchanged is None else unchanged._switches
+        for name, (switch, saved) in reversed(self._switches.items()):
+            if now is not None and name in now and now[name][1] == saved:
+                continue
+            try:
+                switch.restore(saved)
+            except BaseException as exc:
+                first_error = first_error or exc
+        for source, state in self._rng.values():
+            try:
+                source.restore(state)
+            except BaseException as exc:
+                first_error = first_error or exc
+        if first_error is not None:
+            raise first_error
+
+    def state_dict(self) -> dict[str, Any]:
+        """The captured RNG states as plain data for a checkpoint.
+
+        Tensors, ints, floats, strings, ``None``, lists and dicts only, so
+        ``torch.save`` then ``torch.load(..., weights_only=True)`` round-trips
+        it. A device type that was not initialised is stored as the seed
+        pending for it. See :mod:`detctx._state_dict` for each source's layout.
+        Switch values are not part of it.
+        """
+        return state_dict.encode([(name, *part) for name, part in self._rng.items()])
+
+    @classmethod
+    def from_state_dict(cls, plain: Mapping[str, Any], *, strict: bool = True) -> Snapshot:
+        """The state a :meth:`state_dict` describes, bound to this process's sources.
+
+        Restores nothing by itself; call :meth:`restore`. Raises
+        :class:`~detctx.CheckpointError` (before any RNG is touched)
+        for a dict of another format version, a source in the dict that is
+        not registered here, a state that does not fit its source and, with
+        ``strict`` (the default), a source managed here that the dict lacks.
+        """
+        decoded = state_dict.decode(plain, active_sources(), strict=strict)
+        return cls({name: (source, state) for name, source, state in decoded}, atomic=True)
+
+    def fingerprint(self) -> str:
+        """A 16-hex-digit digest of the captured RNG states (equal digests: equal states)."""
+        digest = hashlib.blake2b(digest_size=8)
+        for name, (_, state) in self._rng.items():
+            digest.update(name.encode())
+            _feed(digest, state)
+        return digest.hexdigest()
+
+    def source_fingerprints(self) -> dict[str, str]:
+        """:meth:`fingerprint` of each captured source alone, by source name."""
+        return {name: Snapshot({name: part}).fingerprint() for name, part in self._rng.items()}
+
+    def __getitem__(self, name: str) -> Any:
+        return self._rng[name][1]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._rng)
+
+    def __len__(self) -> int:
+        return len(self._rng)
+
+    def __repr__(self) -> str:
+        return f"Snapshot(sources={list(self)}, fingerprint={self.fingerprint()!r})"
+
+
+def capture() -> Snapshot:
+    """Snapshot every managed RNG (Python, NumPy, torch CPU, each available
+    accelerator, registered sources) without changing any of them, and
+    without initialising a device the program has not used::
+
+        state = detctx.capture()
+        noisy_eval(model)
+        state.restore()          # every RNG continues as if noisy_eval never ran
+    """
+    snapshot = Snapshot.capture()
+    snapshot._atomic = True
+    return snapshot
+
+
+def restore(state: Snapshot | Mapping[str, Any], *, strict: bool = True) -> None:
+    """Put every RNG back into ``state``: a :class:`Snapshot` or its ``state_dict()``.
+
+    A state dict is checked in full first (see :meth:`Snapshot.from_state_dict`),
+    so a bad one raises :class:`~detctx.CheckpointError` with nothing changed.
+    """
+    if not isinstance(state, Snapshot):
+        state = Snapshot.from_state_dict(state, strict=strict)
+    state.restore()
+
+
+def fingerprint() -> str:
+    """A short hex digest of all current RNG states: equal digests mean equal states."""
+    return Snapshot.capture().fingerprint()
+
+
+def _pack_ints(values: tuple[Any, ...] | list[Any]) -> bytes | None:
+    """Non-negative 64-bit ints packed in one call (Python's random state is 625 of them)."""
+    if not values or type(values[0]) is not int:
+        return None
+    try:
+        return b"I%d" % len(values) + array("Q", values).tobytes()
+    except (TypeError, OverflowError):
+        return None
+
+
+def _feed(digest: Any, value: Any) -> None:
+    """Hash ``value`` canonically: the same value always gives the same bytes."""
+    if isinstance(value, torch.Tensor):
+        digest.update(b"T" + str(value.dtype).encode())
+        digest.update(value.detach().cpu().contiguous().numpy().tobytes())
+    elif isinstance(value, np.ndarray):
+        digest.update(b"A" + str(value.dtype).encode())
+        digest.update(np.ascontiguousarray(value).tobytes())
+    elif isinstance(value, (tuple, list)) and (packed := _pack_ints(value)) is not None:
+        digest.update(packed)
+    elif isinstance(value, (tuple, list)):
+        digest.update(b"(%d" % len(value))
+        for item in value:
+            _feed(digest, item)
+    elif isinstance(value, dict):
+        digest.update(b"{%d" % len(value))
+        for key in sorted(value, key=repr):
+            digest.update(repr(key).encode())
+            _feed(digest, value[key])
+    elif isinstance(value, Uninitialised):
+        # Not readable without waking the device; what is pending is what counts.
+        digest.update(b"U%d" % value.seed_before)
+    else:
+        digest.update(repr(value).encode())

@@ -1,0 +1,231 @@
+"""``distributed_deterministic``: a ``deterministic`` block whose seed every rank agreed on.
+
+On each entry the ranks agree (:mod:`detctx.distributed._agreement`), then the
+block is an ordinary block of :mod:`detctx._blocks` seeded with the agreed
+seed; ``verify=True`` adds :mod:`detctx.distributed._rank_check` on entry
+and exit. Every entry is a collective: every rank of the group must enter the
+same blocks in the same order. Outside a process group nothing is
+communicated and the block is a ``deterministic`` block of a single rank 0.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any
+
+from typing_extensions import Unpack
+
+from detctx import _blocks as frames
+from detctx._deterministic import deterministic
+from detctx._settings import Seeding, Settings
+from detctx._snapshot import Snapshot
+from detctx._sources import RNGSource
+from detctx._switches import SwitchOptions
+from detctx.distributed._agreement import (
+    Agreement,
+    DistributedSeeding,
+    agree,
+    check_arguments,
+)
+from detctx.distributed._arrival import DEFAULT_TIMEOUT_S, check_timeout
+from detctx.distributed._rank_check import verify_across_ranks, verify_on_exit
+from detctx.distributed._topology import warn_superpod
+
+__all__ = ["AgreedSettings", "distributed_deterministic"]
+
+logger = logging.getLogger("detctx")
+
+
+class AgreedSettings(Settings):
+    """Settings whose seed is agreed across the ranks of ``group`` on every entry."""
+
+    __slots__ = ("group", "per_rank", "src", "timeout")
+
+    def __init__(
+        self,
+        seed: object,
+        switches: Mapping[str, object],
+        *,
+        per_rank: bool,
+        group: Any,
+        src: int,
+        timeout: object = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        super().__init__(seed, switches, caller="distributed_deterministic")
+        check_arguments(None, per_rank, group, src)
+        self.per_rank = per_rank
+        self.group = group
+        self.src = src
+        self.timeout = check_timeout(timeout)
+
+    def agree(self) -> Agreement:
+        """Agree with the other ranks on this entry's seed (a collective)."""
+        if self.switches["hccl"] is not False:
+            warn_superpod()
+        return agree(self.seed, self.per_rank, self.group, self.src, self.timeout)
+
+    def resolve_seed(self) -> int:
+        # The decorated generator/coroutine forms seed their world through this: a
+        # collective on their first step, as entering a block is.
+        return self.agree().seed
+
+    def apply_agreed(
+        self, sources: list[tuple[str, RNGSource]], agreement: Agreement, current: Snapshot
+    ) -> DistributedSeeding:
+        """:meth:`apply` with the agreed seed; the record says what was agreed."""
+        seeding: Seeding = self.apply(sources, agreement.seed, current)
+        agreed = DistributedSeeding(
+            seeding.seed,
+            seeding.sources,
+            seeding.switches,
+            agreement.shared_seed,
+            agreement.rank,
+            agreement.world_size,
+            self.per_rank,
+            self.group,
+        )
+        if logger.isEnabledFor(logging.INFO):
+            logger.info("seed agreed across ranks: %s", agreed.describe())
+        return agreed
+
+
+class distributed_deterministic(deterministic):
+    """``deterministic`` for every rank of a ``torch.distributed`` process group.
+
+    On each entry the ranks agree on one seed in a single ``all_gather`` of
+    three integers per rank (see :func:`agree_seed`): with ``seed=None`` (the
+    default) the source rank ``src`` reads ``$DETCTX_SEED`` or draws a fresh
+    seed and every rank uses it; with an explicit seed, every rank checks that
+    all passed the same one and, if not, every rank raises the same
+    :class:`~detctx.SeedMismatchError` listing each rank's seed, before
+    anything is changed. Then the block is a :class:`deterministic` block with
+    the agreed seed: everything is saved, seeded, switched on and, on exit,
+    restored, exactly as there.
+
+    ``per_rank=False``: every rank is seeded with the shared seed and draws
+    the same numbers. ``per_rank=True``: rank ``r`` (of ``group``) is seeded
+    with ``derive_seed(shared_seed, r)``, a distinct stream per rank that
+    repeats on every rerun with the same seed and world size (dropout masks
+    that differ per data-parallel rank, say). Parallel layouts can derive
+    further streams with :meth:`DistributedRun.group_seed`.
+
+    ``verify=True`` runs :func:`verify_across_ranks` after seeding on entry and
+    before restoring on exit. Every rank takes part in the exit check whatever
+    happened in the body: if a rank raised, it goes on with its own exception
+    and the others raise :class:`~detctx.SeedAgreementError` saying
+    "rank 1 raised ValueError inside the block" rather than reporting a
+    divergence.
+
+    ``timeout`` (seconds, default 300) bounds each of these collectives: a
+    rank that waits longer for the others (one never entered the block,
+    crashed, or is stuck in another collective) raises
+    :class:`~detctx.SeedAgreementError` naming the ranks that did not
+    arrive, after up to twice ``timeout`` (the second half spent learning who
+    is missing), instead of hanging until the process group's timeout::
+
+        with detctx.distributed_deterministic(seed=1234, timeout=60.0):
+            train()
+
+    The switches are those of :class:`deterministic`. ``HCCL_DETERMINISTIC``
+    is read by torch_npu when the first HCCL communicator is configured, so
+    inside a block on an HCCL group it comes too late: a
+    :class:`~detctx.DeterminismWarning` names it and says to export it
+    before launch (or call :func:`prepare_environment` in the launcher). A
+    warning is also given when ``HCCL_LOGIC_SUPERPOD_ID`` is set.
+
+    Every rank of the group must enter the same blocks in the same order, as
+    with any collective. Outside a process group (a plain ``python train.py``)
+    nothing is communicated and the block behaves like
+    ``deterministic(seed, ...)``, the process being rank 0 of 1 (so
+    ``per_rank=True`` seeds ``derive_seed(seed, 0)``, as a one-process
+    ``torchrun`` launch would). Entering returns a
+    :class:`~detctx.distributed._agreement.DistributedSeeding`.
+    """
+
+    def __init__(
+        self,
+        seed: int | None = None,
+        *,
+        per_rank: bool = False,
+        group: Any = None,
+        src: int = 0,
+        verify: bool = False,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        **switches: Unpack[SwitchOptions],
+    ) -> None:
+        if not isinstance(verify, bool):
+            raise TypeError(f"verify must be True or False, got {verify!r}")
+        self._settings = self._agreed = AgreedSettings(
+            seed, switches, per_rank=per_rank, group=group, src=src, timeout=timeout
+        )
+        self.verify = verify
+
+    @property
+    def per_rank(self) -> bool:
+        """Whether each rank is seeded with its own derived seed."""
+        return self._agreed.per_rank
+
+    @property
+    def group(self) -> Any:
+        """The process group the ranks agree over (``None``: the default group)."""
+        return self._agreed.group
+
+    @property
+    def timeout(self) -> float:
+        """Seconds each rank waits for the others in the block's collectives."""
+        return self._agreed.timeout
+
+    @property
+    def src(self) -> int:
+        """The global rank that draws the seed when ``seed=None``."""
+        return self._agreed.src
+
+    def __repr__(self) -> str:
+        inner = super().__repr__()[len(type(self).__name__) + 1 : -1]
+        extra = [
+            f"{name}={value!r}"
+            for name, value, default in (
+                ("per_rank", self.per_rank, False),
+                ("group", self.group, None),
+                ("src", self.src, 0),
+                ("verify", self.verify, False),
+                ("timeout", self.timeout, DEFAULT_TIMEOUT_S),
+            )
+            if value != default
+        ]
+        return f"{type(self).__name__}({', '.join([inner, *extra])})"
+
+    def __enter__(self) -> DistributedSeeding:
+        settings = self._agreed
+        agreement = settings.agree()
+        seeding = frames.enter(
+            self, lambda sources, current: settings.apply_agreed(sources, agreement, current)
+        )
+        assert isinstance(seeding, DistributedSeeding)
+        if self.verify:
+            try:
+                verify_across_ranks(self.group, timeout=self.timeout)
+            except BaseException:
+                frames.exit(self)
+                raise
+        return seeding
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        entered = any(frame.owner is self for frame in frames.context_frames())
+        try:
+            if self.verify and entered:
+                try:
+                    verify_on_exit(self.group, self.timeout, exc)
+                except Exception:
+                    if exc is None:
+                        raise
+                    # This rank raised in the body: that exception is the one to see.
+        finally:
+            frames.exit(self)

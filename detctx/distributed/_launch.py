@@ -1,0 +1,51 @@
+"""The launcher's part: the read-once environment variables, set before workers start."""
+
+from __future__ import annotations
+
+import os
+from typing import Final
+
+from typing_extensions import Unpack
+
+from detctx._seeds import SEED_ENV, validate_seed
+from detctx._switches import EnvSwitch, EnvSwitchOptions, env_switches, validate_switches
+from detctx.distributed._topology import warn_superpod
+
+__all__ = ["prepare_environment"]
+
+_ENV_SWITCHES: Final[dict[str, EnvSwitch]] = {switch.name: switch for switch in env_switches()}
+
+
+def prepare_environment(
+    seed: int | None = None, **switches: Unpack[EnvSwitchOptions]
+) -> dict[str, str]:
+    """Set the determinism environment variables, and nothing else, for a launch.
+
+    Call it in the launcher before ``init_process_group`` (and before any
+    CUDA or NPU work, and before starting the worker processes, which inherit
+    it): it sets ``HCCL_DETERMINISTIC`` (``true``, or ``strict``),
+    ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` (``:16:8`` is kept),
+    ``CLOSE_MATMUL_K_SHIFT=1`` and ``FLASH_ATTENTION_DETERMINISTIC=1``; with a
+    ``seed``, also ``DETCTX_SEED`` (read by ``seed=None`` blocks on the source
+    rank) and ``PYTHONHASHSEED`` (the hash seed of the processes started
+    afterwards). ``False`` leaves a variable alone. Nothing is seeded and
+    nothing is restored. Returns the variables it manages with their values.
+    Warns when a variable is set after the point where it is read (a CUDA
+    context or an HCCL group already exists), and when ``HCCL_LOGIC_SUPERPOD_ID``
+    is set.
+    """
+    checked = None if seed is None else validate_seed(seed)
+    settings = validate_switches(switches, caller="prepare_environment", only=_ENV_SWITCHES)
+    if checked is None:
+        # PYTHONHASHSEED needs a seed to write; without one it is left alone.
+        settings["hash_seed"] = False
+    if settings["hccl"] is not False:
+        warn_superpod()
+    applied: dict[str, str] = {}
+    for name, switch in _ENV_SWITCHES.items():
+        if switch.apply(settings[name], checked or 0, switch.capture()) is not None:
+            applied[switch.variable] = os.environ[switch.variable]
+    if checked is not None:
+        os.environ[SEED_ENV] = str(checked)
+        applied[SEED_ENV] = str(checked)
+    return applied
