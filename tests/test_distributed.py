@@ -388,6 +388,8 @@ def test_hccl_variable_exported_before_launch_gives_no_warning(
 def test_collectives_use_cpu_tensors_for_gloo_and_mixed_backends() -> None:
     assert collective_device("gloo") == torch.device("cpu")
     assert collective_device("cpu:gloo,cuda:nccl") == torch.device("cpu")
+    # init_process_group() without a backend: gloo for CPU tensors among torch's defaults
+    assert collective_device("undefined") == torch.device("cpu")
     with pytest.raises(ValueError, match=r"unknown torch\.distributed backend"):
         collective_device("carrier-pigeon")
 

@@ -54,7 +54,12 @@ def collective_device(backend: str) -> torch.device:
         if "cpu" in pairs:
             return torch.device("cpu")
         device_type = next(iter(pairs))
-    elif name in _CPU_BACKENDS:
+    elif name in _CPU_BACKENDS or name == "undefined":
+        # "undefined": init_process_group() without a backend gives the group torch's
+        # default backend for every device type, gloo for CPU among them
+        # (torch.distributed.Backend.default_device_backend_map), so CPU tensors work.
+        # python -c "import torch.distributed as d; d.init_process_group(store=d.HashStore(),
+        #     rank=0, world_size=1); print(d.get_backend())"   # undefined (torch 2.13)
         return torch.device("cpu")
     else:
         device_type = _backend_device_type(name)
