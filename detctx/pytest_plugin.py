@@ -111,14 +111,17 @@ def _block_for(item: pytest.Item) -> deterministic | None:
     try:
         return deterministic(*args, **kwargs)
     except (TypeError, ValueError) as exc:
-        from detctx._switches import switch_names
+        problem = str(exc)
+    # Failed outside the except clause: raised inside it, pytest would print the
+    # ValueError first, under "During handling of the above exception".
+    from detctx._switches import switch_names
 
-        pytest.fail(
-            f"bad @pytest.mark.{_MARKER}(...) arguments on {item.nodeid}: {exc}. The marker "
-            "takes detctx.deterministic's arguments: seed (an int in [0, 2**32 - 1] or None) "
-            f"and the switches {', '.join(switch_names())}",
-            pytrace=False,
-        )
+    pytest.fail(
+        f"bad @pytest.mark.{_MARKER}(...) arguments on {item.nodeid}: {problem}. The marker "
+        "takes detctx.deterministic's arguments: seed (an int in [0, 2**32 - 1] or None) "
+        f"and the switches {', '.join(switch_names())}",
+        pytrace=False,
+    )
 
 
 @pytest.fixture(autouse=True)

@@ -144,6 +144,9 @@ def test_demo_shows_bit_identical_curves_and_where_they_diverge_without_detctx(t
     assert "no seeding:    diverges at step" in result.stdout
     assert f"plot written to {picture}" in result.stdout
     assert picture.read_bytes().startswith(PNG_SIGNATURE)
+    if sys.platform == "linux":  # the process's start time is read from /proc
+        assert "s since the command started:" in result.stdout
+        assert "s starting Python and importing torch" in result.stdout
 
 
 def test_the_console_script_runs_the_same_entry_point():
@@ -161,7 +164,10 @@ def test_compare_agreeing_logs_exits_0(tmp_path, capsys):
     b = megatron_log(tmp_path / "b.log", losses)
 
     assert cli.main(["compare", str(a), str(b)]) == 0
-    assert "agree bit for bit on all 3 metric values" in capsys.readouterr().out
+    # Megatron prints 7 significant digits: the runs agree to those, not necessarily in bits
+    out = capsys.readouterr().out
+    assert "agree at the printed precision (7 significant digits) on all 3 metric values" in out
+    assert "print the metric with 9 or more significant digits" in out
 
 
 def test_a_log_without_metric_lines_is_an_error(tmp_path, capsys):

@@ -189,7 +189,7 @@ def test_compare_of_a_full_log_against_a_truncated_one_says_where_it_ends(tmp_pa
     out = capsys.readouterr().out
     assert "curves DIFFER in length: 5 points in the longest" in out
     assert f"{cut} ends after point 3 (step 3, line 5)" in out
-    assert "The 3 points all curves have agree bit for bit" in out
+    assert "The 3 points all curves have agree at the printed precision (2 significant" in out
     assert "max abs difference 0" not in out
 
 

@@ -231,3 +231,16 @@ def test_a_page_gives_its_python_fences_with_the_marker_before_each(tmp_path: Pa
     page.write_text("<!-- example: fragmnet -->\n```python\npass\n```\n")
     with pytest.raises(ValueError, match="unknown example marker"):
         read_examples(page)
+
+
+def test_every_file_the_docs_name_exists() -> None:
+    named = {
+        (page.name, path)
+        for page in PAGES
+        for path in re.findall(
+            r"`((?:detctx|examples|tests|benchmarks|docs)/[\w/.-]+\.(?:py|md|json))`",
+            page.read_text(encoding="utf-8"),
+        )
+    }
+    assert named, "the docs name no source file at all: is the pattern still right?"
+    assert {(page, path) for page, path in named if not (ROOT / path).exists()} == set()

@@ -92,9 +92,10 @@ def test_run_reads_the_quoted_log_lines_transformers_5_prints(tmp_path, capsys):
         "    print({'eval_loss': '9.9', 'epoch': str(step)})\n"
     )
     assert cli.main(["run", "--", sys.executable, str(script)]) == 0
-    assert "agree bit for bit on all 3 metric values (first 0.69, last 0.67)" in (
-        capsys.readouterr().out
-    )
+    out = capsys.readouterr().out
+    # transformers 5.x rounds what it prints: the verdict says so, and where the bits are
+    assert "agree at the printed precision (2 significant digits) on all 3 metric values" in out
+    assert "trainer_state.json" in out and "bit for bit" not in out
 
 
 def test_compare_reads_two_lightning_metrics_csv_files(tmp_path, capsys):
@@ -133,7 +134,8 @@ def test_compare_reads_trainer_state_json_log_history_and_names_the_diverging_en
         == 0
     )
     assert (
-        "agree bit for bit on all 2 metric values (first 3.4, last 3.1)" in capsys.readouterr().out
+        "agree at the printed precision (2 significant digits) on all 2 metric values "
+        "(first 3.4, last 3.1)" in capsys.readouterr().out
     )
 
 

@@ -149,6 +149,8 @@ def test_bad_marker_arguments_fail_that_test_with_a_clear_message(
             "*test_misspelt_switch*unexpected keyword argument 'algorithm'*",
         ]
     )
+    # one message each, not the ValueError first under "During handling of ..."
+    assert "During handling of the above exception" not in result.stdout.str()
 
 
 SEEDED_SESSION = """

@@ -22,12 +22,12 @@ from detctx._cli.curves import (
     compare,
     compile_pattern,
     describe,
-    load_pyplot,
     no_points_message,
-    plot,
 )
+from detctx._cli.hints import FrameworkSigns
 from detctx._cli.logs import read_curve
 from detctx._cli.plot_target import check_plot_path
+from detctx._cli.plotting import load_pyplot, plot
 from detctx._cli.signals import Stopped, forwarded_signals
 from detctx._errors import DetctxError, MetricsError
 from detctx._seeds import DEFAULT_SEED, SEED_ENV, parse_seed, resolve_seed
@@ -118,14 +118,22 @@ def _parser() -> argparse.ArgumentParser:
         "[--log-dir DIR] [-v] [--locate] -- CMD ...",
     )
     run.add_argument(
-        "-n", "--runs", type=_runs_argument, default=2, help="how many runs (default 2)"
+        "-n",
+        "--runs",
+        type=_runs_argument,
+        default=2,
+        metavar="N",
+        help="how many runs (default 2)",
     )
     run.add_argument(
         "--seed",
         type=_seed_argument,
+        metavar="S",
         help=f"the seed for every run (default ${SEED_ENV}, else {DEFAULT_SEED})",
     )
-    run.add_argument("--log-dir", type=Path, help="keep each run's output as DIR/runN.log")
+    run.add_argument(
+        "--log-dir", type=Path, metavar="DIR", help="keep each run's output as DIR/runN.log"
+    )
     run.add_argument("-v", "--verbose", action="store_true", help="show the command's output")
     run.add_argument(
         "--locate",
@@ -141,7 +149,14 @@ def _parser() -> argparse.ArgumentParser:
         parents=[curve_options, plot_option],
         help="compare the curves of two logs (text, Lightning metrics.csv, HF trainer_state.json)",
     )
-    compare_.add_argument("logs", nargs=2, type=Path, metavar="LOG")
+    compare_.add_argument(
+        "logs",
+        nargs=2,
+        type=Path,
+        metavar="LOG",
+        help="a text log (read with --pattern), a Lightning metrics.csv, a Hugging Face "
+        "trainer_state.json, or a folder holding one of those two files",
+    )
     compare_.add_argument(
         "--metric",
         metavar="NAME",
@@ -170,11 +185,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "demo":
             from detctx._cli import demo
 
-            return demo.main(plot_path=args.plot)
+            return demo.main(plot_path=args.plot, whole_process=True)
         pattern = compile_pattern(args.pattern)
         if args.command == "compare":
             curves = [read_curve(p, pattern=args.pattern, metric=args.metric) for p in args.logs]
-            return _report(compare(curves), args.plot)
+            return _report(compare(curves), args.plot, _metric_name(args))
         with forwarded_signals():
             return _run(args.command_parser, args, pattern)
     except (DetctxError, ValueError, OSError) as exc:
@@ -231,6 +246,7 @@ def _run(
         tracing = Tracing.start(args.log_dir)
     curves = []
     for index in range(1, args.runs + 1):
+        signs = FrameworkSigns()
         curve = run_command(
             command,
             env if tracing is None else tracing.env_for(index, env),
@@ -238,21 +254,34 @@ def _run(
             f"run {index}",
             log_path=log_file(args.log_dir, index),
             echo=args.verbose,
+            watch=signs.feed,
         )
         if not curve.points and tracing is None:
-            raise MetricsError(no_points_message(f"the output of run {index}", pattern))
+            raise MetricsError(
+                no_points_message(f"the output of run {index}", pattern, signs.advice())
+            )
         curves.append(curve)
     if tracing is not None:
-        return tracing.report(curves, lambda comparison: _report(comparison, args.plot))
-    return _report(compare(curves), args.plot)
+        return tracing.report(
+            curves, lambda comparison: _report(comparison, args.plot, _metric_name(args))
+        )
+    return _report(compare(curves), args.plot, _metric_name(args))
 
 
-def _report(comparison: Comparison, plot_path: Path | None) -> int:
+def _metric_name(args: argparse.Namespace) -> str:
+    """What the curves are, for the plot's axis and title."""
+    metric: str | None = getattr(args, "metric", None)
+    if metric is not None:
+        return metric
+    return "training loss" if args.pattern is None else "metric"
+
+
+def _report(comparison: Comparison, plot_path: Path | None, what: str) -> int:
     print(describe(comparison))
     verdict = AGREE if comparison.agree else DIFFER
     if plot_path is not None:
         try:
-            plot(comparison, plot_path)
+            plot(comparison, plot_path, what)
         except (DetctxError, ValueError, OSError) as exc:
             # The path was checked up front; if it broke since, the verdict still stands.
             sys.stderr.write(f"detctx: error: the plot could not be written: {exc}\n")

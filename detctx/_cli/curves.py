@@ -1,10 +1,13 @@
-"""Metric curves from training logs: extract, compare point for point, plot.
+"""Metric curves from training logs: extract, compare point for point, describe.
 
 A curve is the sequence of metric values a log prints, one per matching line,
 in order. Two curves agree when they have the same number of points and every
 point is the same float by :func:`detctx._equality.same_float` (bit for bit;
 NaN equals NaN; ``-0.0`` differs from ``0.0``). Carriage returns count as line
-ends, so progress-bar refreshes (tqdm, Lightning) are separate lines.
+ends, so progress-bar refreshes (tqdm, Lightning) are separate lines. A log
+whose numbers show fewer than :data:`FULL_DIGITS` significant digits has
+rounded them (Hugging Face 5.x prints 4, Lightning's progress bar 3
+decimals): curves that agree then agree at that printed precision only.
 """
 
 from __future__ import annotations
@@ -14,14 +17,15 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
-from detctx._cli.plot_target import plot_format
+from detctx._cli.hints import FrameworkSigns
 from detctx._equality import same_float
-from detctx._errors import MetricsError, MissingDependencyError
+from detctx._errors import MetricsError
 
 __all__ = [
     "DEFAULT_PATTERN",
+    "FULL_DIGITS",
     "METRIC_VALUE",
     "Comparison",
     "Curve",
@@ -29,10 +33,12 @@ __all__ = [
     "compare",
     "compile_pattern",
     "describe",
+    "digits_text",
     "extract",
     "parse_line",
-    "plot",
+    "printed_digits",
     "read_log",
+    "significant_digits",
     "split_lines",
 ]
 
@@ -152,16 +158,53 @@ def read_log(path: str | Path, pattern: re.Pattern[str]) -> Curve:
         raise MetricsError(f"no such log file: {path}") from None
     except OSError as exc:
         raise MetricsError(f"cannot read {path}: {exc.strerror or exc}") from None
-    curve = extract(split_lines(text), pattern, str(path))
+    lines = split_lines(text)
+    curve = extract(lines, pattern, str(path))
     if not curve.points:
-        raise MetricsError(no_points_message(str(path), pattern))
+        signs = FrameworkSigns()
+        for line in lines:
+            signs.feed(line)
+        raise MetricsError(no_points_message(str(path), pattern, signs.advice()))
     return curve
 
 
-def no_points_message(name: str, pattern: re.Pattern[str]) -> str:
-    """The one-line error for a log without metric lines."""
+def no_points_message(name: str, pattern: re.Pattern[str], advice: str = "") -> str:
+    """The error for a log without metric lines; ``advice`` for the framework that wrote it."""
     shown = "the default loss pattern" if pattern.pattern == DEFAULT_PATTERN else pattern.pattern
-    return f"no metric lines in {name} (looked for {shown}); pass --pattern to match your log"
+    tail = advice or "pass --pattern to match your log"
+    return f"no metric lines in {name} (looked for {shown}); {tail}"
+
+
+FULL_DIGITS: Final = 9
+"""Significant digits that tell any two float32 values apart; a log that prints fewer rounds."""
+
+_FULL_PRECISION_ADVICE: Final = (
+    "for every bit, print the metric with 9 or more significant digits (f'{loss:.9g}'), or "
+    "compare files that keep full precision with detctx compare (Lightning: each run's "
+    "CSVLogger metrics.csv; Hugging Face: each run's trainer_state.json)"
+)
+
+
+def significant_digits(text: str) -> int | None:
+    """The significant digits ``text`` shows: 4 for ``0.6704``, ``1.234E+00`` and ``0.5000``.
+
+    ``None`` for a text that shows none (``nan``, ``inf``, ``0.0``).
+    """
+    mantissa = re.split(r"[eE]", text.strip())[0].lstrip("+-").replace(".", "").lstrip("0")
+    return len(mantissa) if mantissa.isdigit() else None
+
+
+def digits_text(count: int) -> str:
+    """``"4 significant digits"``, ``"1 significant digit"``."""
+    return f"{count} significant digit" + ("" if count == 1 else "s")
+
+
+def printed_digits(curves: Sequence[Curve]) -> int | None:
+    """The most significant digits any point of ``curves`` shows, when that is fewer than
+    :data:`FULL_DIGITS` (the logs round); ``None`` when the numbers are printed in full."""
+    shown = [significant_digits(point.text) for curve in curves for point in curve.points]
+    digits = max((count for count in shown if count is not None), default=None)
+    return digits if digits is not None and digits < FULL_DIGITS else None
 
 
 @dataclass(frozen=True)
@@ -230,9 +273,15 @@ def describe(comparison: Comparison, what: str = "metric") -> str:
         points = curves[0].points
         values = f"{what} value" if len(points) == 1 else f"{what} values"
         lines.append(
-            f"{len(curves)} curves agree bit for bit on all {len(points)} {values} "
+            f"{len(curves)} curves agree {_how(curves)} on all {len(points)} {values} "
             f"(first {points[0].text}, last {points[-1].text})."
         )
+        digits = printed_digits(curves)
+        if digits is not None:
+            lines.append(
+                f"The logs print {digits_text(digits)}, so the values may still differ "
+                f"beyond them; {_FULL_PRECISION_ADVICE}."
+            )
         return "\n".join(lines)
     first = comparison.first
     assert first is not None
@@ -249,6 +298,13 @@ def describe(comparison: Comparison, what: str = "metric") -> str:
         f"max abs difference {comparison.max_abs_diff:.6g}."
     )
     return "\n".join(lines)
+
+
+def _how(curves: Sequence[Curve]) -> str:
+    digits = printed_digits(curves)
+    if digits is None:
+        return "bit for bit"
+    return f"at the printed precision ({digits_text(digits)})"
 
 
 def _lengths(comparison: Comparison, common: int) -> str:
@@ -272,8 +328,8 @@ def _lengths(comparison: Comparison, common: int) -> str:
     within = compare([Curve(c.name, c.points[:common]) for c in comparison.curves])
     if within.agree:
         return (
-            f"{head} The {common} points all curves have agree bit for bit; a run stopped "
-            f"early or a log was cut short."
+            f"{head} The {common} points all curves have agree {_how(comparison.curves)}; "
+            "a run stopped early or a log was cut short."
         )
     assert within.first is not None
     return (
@@ -314,58 +370,3 @@ def _table(curves: Sequence[Curve], start: int, stop: int) -> str:
     ]
     rows.append("  (* differs from the first curve)")
     return "\n".join(row.rstrip() for row in rows)
-
-
-def plot(comparison: Comparison, path: str | Path, what: str = "metric") -> None:
-    """Write a picture: the curves overlaid, and each curve minus the first, point by point.
-
-    The suffix of ``path`` names the format (``.png``, ``.pdf``, ``.svg``, ...).
-
-    Needs matplotlib (``pip install 'detctx[plot]'``); raises
-    :class:`~detctx.MissingDependencyError` without it.
-    """
-    pyplot = load_pyplot()
-    figure, (top, bottom) = pyplot.subplots(2, 1, sharex=True, figsize=(8, 6))
-    try:
-        reference = comparison.curves[0].points
-        for curve in comparison.curves:
-            xs = range(1, len(curve.points) + 1)
-            top.plot(xs, [p.value for p in curve.points], label=curve.name, linewidth=1)
-        for curve in comparison.curves[1:]:
-            count = min(len(curve.points), len(reference))
-            gaps = [curve.points[i].value - reference[i].value for i in range(count)]
-            bottom.plot(
-                range(1, count + 1), gaps, label=f"{curve.name} - {comparison.curves[0].name}"
-            )
-        if comparison.first is not None:
-            for axes in (top, bottom):
-                axes.axvline(comparison.first + 1, color="red", linestyle=":", linewidth=1)
-        verdict = (
-            "agree bit for bit"
-            if comparison.agree
-            else f"first divergence at point {(comparison.first or 0) + 1}"
-        )
-        top.set_title(f"{what}: {verdict}")
-        top.set_ylabel(what)
-        bottom.set_ylabel("difference")
-        bottom.set_xlabel("point")
-        top.legend(loc="best", fontsize="small")
-        bottom.legend(loc="best", fontsize="small")
-        figure.tight_layout()
-        figure.savefig(str(path), format=plot_format(path))
-    finally:
-        pyplot.close(figure)
-
-
-def load_pyplot() -> Any:
-    """matplotlib's pyplot on the non-interactive Agg backend, or a clear error."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as pyplot
-    except ImportError:
-        raise MissingDependencyError(
-            "--plot needs matplotlib: pip install 'detctx[plot]' (or pip install matplotlib)"
-        ) from None
-    return pyplot

@@ -24,7 +24,7 @@ def check_plot_path(path: Path) -> None:
 
     The suffix must name a format matplotlib writes and the folder must exist
     and be writable; an existing file is overwritten. Needs matplotlib
-    (check it with :func:`~detctx._cli.curves.load_pyplot` first).
+    (check it with :func:`~detctx._cli.plotting.load_pyplot` first).
     """
     from matplotlib.backend_bases import FigureCanvasBase
 

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Final
@@ -65,6 +65,7 @@ class _Progress:
     last_report: float
     points: int = 0
     last: Point | None = None
+    written: str = ""
 
     def update(self, point: Point | None, final: bool = False) -> None:
         if point is not None:
@@ -80,6 +81,12 @@ class _Progress:
             latest = f", latest {self.last.text}{step}"
         values = "metric value" if self.points == 1 else "metric values"
         text = f"{self.label}: {self.points} {values}{latest} ({now - self.started:.0f} s)"
+        if text == self.written:  # a short run's final report repeats its last one
+            if final and self.stream.isatty():
+                self.stream.write("\n")
+                self.stream.flush()
+            return
+        self.written = text
         if self.stream.isatty():
             self.stream.write("\r\033[K" + text + ("\n" if final else ""))
         else:
@@ -96,11 +103,13 @@ def run_command(
     log_path: Path | None = None,
     echo: bool = False,
     progress: IO[str] | None = None,
+    watch: Callable[[str], None] | None = None,
 ) -> Curve:
     """Run ``command`` to the end, reading the metric curve from its stdout and stderr.
 
     Progress (metric values so far, the latest one) goes to ``progress`` (stderr);
-    ``echo`` copies the command's output to stdout; ``log_path`` keeps it.
+    ``echo`` copies the command's output to stdout; ``log_path`` keeps it; ``watch``
+    sees every line.
     Raises :class:`RunFailed` if it exits with a non-zero status and
     :class:`~detctx.MetricsError` if it cannot be started. The command
     runs in its own process group; if reading is interrupted (Ctrl-C, or
@@ -133,6 +142,8 @@ def run_command(
         number += 1
         tail.append(line)
         del tail[:-_TAIL_LINES]
+        if watch is not None:
+            watch(line)
         point = parse_line(line, number, pattern, label)
         if point is not None:
             points.append(point)
