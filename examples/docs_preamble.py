@@ -36,7 +36,6 @@ class Model(nn.Module):
 with detctx.deterministic(seed=0):
     model = Model()
     dataset = ds = TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
-optimiser = torch.optim.SGD(model.parameters(), lr=0.1)
 loader = DataLoader(dataset, batch_size=8, shuffle=True)
 x = torch.randn(8, 4, generator=torch.Generator().manual_seed(0))
 batch = x
@@ -48,13 +47,18 @@ tp_rank, pp_rank, dp_rank = 0, 0, 0
 
 
 def train(model: nn.Module = model, loader: DataLoader = loader) -> None:  # type: ignore[type-arg]
-    """One epoch of SGD; prints each step's loss (the curve ``detctx run`` compares)."""
-    optimiser = torch.optim.SGD(model.parameters(), lr=0.1)
+    """One epoch of SGD; prints each step's loss (the curve ``detctx run`` compares).
+
+    The update is written out: building a ``torch.optim`` optimiser imports
+    ``torch._dynamo`` (seconds on torch 2.13), which every example would pay.
+    """
     for step, (x, y) in enumerate(loader, start=1):
         loss = nn.functional.mse_loss(model(x), y)
-        optimiser.zero_grad()
+        model.zero_grad()
         loss.backward()  # type: ignore[no-untyped-call]
-        optimiser.step()
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter -= 0.1 * parameter.grad
         print(f"step {step} loss: {loss.item()!r}")
 
 

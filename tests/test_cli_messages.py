@@ -11,7 +11,7 @@ import pytest
 from detctx import _cli as cli
 from detctx._cli.curves import Curve, Point, compare, printed_digits, significant_digits
 from detctx._cli.plotting import title
-from detctx._cli.run import _Progress
+from detctx._cli.run import Progress
 
 LIGHTNING_OUTPUT = """\
 print("GPU available: False, used: False")
@@ -98,7 +98,7 @@ def test_compare_of_a_lightning_log_without_metric_lines_suggests_its_csv_logger
 def test_a_short_run_reports_its_progress_once_not_twice() -> None:
     stream = io.StringIO()
     now = time.monotonic()
-    progress = _Progress("run 1", stream, started=now - 3.2, last_report=now - 3.2)
+    progress = Progress("run 1", stream, started=now - 3.2, last_report=now - 3.2)
 
     progress.update(Point(0.5, "0.5", 1, 1))  # due: the last report was 3 s ago
     progress.update(None, final=True)  # the same words: not written again

@@ -21,7 +21,14 @@ from detctx._errors import MetricsError
 from detctx._seeds import SEED_ENV
 from detctx._switches import env_switches
 
-__all__ = ["RunFailed", "determinism_env", "determinism_variables", "log_file", "run_command"]
+__all__ = [
+    "Progress",
+    "RunFailed",
+    "determinism_env",
+    "determinism_variables",
+    "log_file",
+    "run_command",
+]
 
 _PROGRESS_EVERY: Final = 2.0
 """Seconds between progress reports on stderr."""
@@ -56,7 +63,7 @@ def determinism_env(seed: int, base: Mapping[str, str]) -> dict[str, str]:
 
 
 @dataclass
-class _Progress:
+class Progress:
     """Progress of one run on stderr: a line every few seconds (rewritten on a terminal)."""
 
     label: str
@@ -130,7 +137,7 @@ def run_command(
     except OSError as exc:
         raise MetricsError(f"cannot run {command[0]}: {exc.strerror or exc}") from None
     now = time.monotonic()
-    tracker = _Progress(label, sys.stderr if progress is None else progress, now, now)
+    tracker = Progress(label, sys.stderr if progress is None else progress, now, now)
     points: list[Point] = []
     tail: list[str] = []
     log = open(log_path, "w", encoding="utf-8") if log_path is not None else None
