@@ -1,8 +1,8 @@
 """``deterministic(seed=...)``: seed, switch on determinism, restore everything.
 
 The object holds only its configuration (:class:`~detctx._settings.Settings`);
-each entry is a frame of :mod:`detctx._blocks`, so one object can be entered
-many times, nested and used recursively, and the decorator forms
+each entry is an open block of :mod:`detctx._blocks`, so one object can be
+entered many times, nested and used recursively, and the decorator forms
 (:mod:`detctx._decorators`) stand on the same machinery.
 """
 
@@ -14,12 +14,13 @@ from typing import Any, TypeVar, overload
 
 from typing_extensions import Unpack
 
-from detctx import _blocks as frames
+from detctx import _blocks as blocks
 from detctx import _interrupts as interrupts
+from detctx import _transaction as transaction
 from detctx._decorators import decorate
 from detctx._seeds import DEFAULT_SEED
-from detctx._settings import Seeding, Settings
-from detctx._snapshot import Snapshot, active_sources
+from detctx._settings import ALONE, Coordinator, Seeding, Settings
+from detctx._snapshot import Snapshot
 from detctx._switches import SwitchOptions
 
 __all__ = ["deterministic", "open_blocks", "seed_all"]
@@ -64,7 +65,13 @@ class deterministic:
     """
 
     def __init__(self, seed: int | None = DEFAULT_SEED, **switches: Unpack[SwitchOptions]) -> None:
-        self._settings = Settings(seed, switches, caller=type(self).__name__)
+        self._settings = Settings(
+            seed, switches, caller=type(self).__name__, coordinator=self._coordinator()
+        )
+
+    def _coordinator(self) -> Coordinator:
+        """How each entry's seed is decided (overridden by ``distributed_deterministic``)."""
+        return ALONE
 
     @property
     def settings(self) -> Settings:
@@ -77,18 +84,22 @@ class deterministic:
         return self._settings.seed
 
     def __repr__(self) -> str:
-        changed = "".join(f", {name}={value!r}" for name, value in self._settings.changed().items())
-        return f"{type(self).__name__}(seed={self.seed!r}{changed})"
+        settings = self._settings
+        options = {**settings.changed(), **settings.coordinator.options()}
+        extra = "".join(f", {name}={value!r}" for name, value in options.items())
+        return f"{type(self).__name__}(seed={self.seed!r}{extra})"
 
     def __enter__(self) -> Seeding:
         settings = self._settings
-        seed = settings.resolve_seed()
-        depth = len(frames.context_frames())
+        entry = settings.begin()  # may communicate (distributed); nothing is changed yet
+        depth = len(blocks.entered_here())
         try:
-            return frames.enter(self, lambda sources, now: settings.apply(sources, seed, now))
+            seeding = blocks.open_block(self, lambda before: settings.apply(entry, before))
+            settings.coordinator.after_entry()
         except BaseException:
-            frames.abandon(self, depth)  # interrupted on the way out of enter
+            blocks.abandon(self, depth)  # a failed check, or interrupted on the way out
             raise
+        return seeding
 
     @interrupts.edge
     def __exit__(
@@ -97,7 +108,11 @@ class deterministic:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        frames.exit(self)
+        try:
+            if any(block.owner is self for block in blocks.entered_here()):
+                self._settings.coordinator.before_exit(exc)
+        finally:
+            blocks.close_block(self)
 
     @overload
     def __call__(self, func: F) -> F: ...
@@ -133,18 +148,12 @@ def seed_all(seed: int | None = DEFAULT_SEED, **switches: Unpack[SwitchOptions])
         detctx.seed_all(1234)        # at the top of a training script
     """
     settings = Settings(seed, switches, caller="seed_all")
-    resolved = settings.resolve_seed()
-    frames.acquire()
-    try:
-        sources = active_sources()
-        before = Snapshot.capture(sources, switches=True)
-        try:
-            return settings.apply(sources, resolved, before)
-        except BaseException:
-            before.restore()  # a source that cannot be seeded: nothing is left half-seeded
-            raise
-    finally:
-        frames.release()
+    entry = settings.begin()
+    return transaction.change(
+        lambda before: settings.apply(entry, before),
+        Snapshot.capture_everything,
+        lasts=transaction.Lasts.DONE,
+    )
 
 
 def open_blocks() -> tuple[Seeding, ...]:
@@ -157,4 +166,4 @@ def open_blocks() -> tuple[Seeding, ...]:
         with detctx.deterministic(seed=5):
             assert detctx.open_blocks()[-1].seed == 5
     """
-    return tuple(frame.seeding for frame in frames.open_frames())
+    return tuple(block.seeding for block in blocks.stack())

@@ -1,4 +1,5 @@
-"""Randomly timed SIGINTs against blocks and decorated generator steps; counts corruptions.
+"""Randomly timed SIGINTs against blocks, generator steps and distributed blocks; counts
+corruptions.
 
 Run by ``tests/test_interrupts.py`` in a child process (signals and the pytest
 process do not mix): ``python tests/hammer_interrupts.py SIGNALS`` prints one
@@ -23,7 +24,7 @@ import numpy as np
 import torch
 
 import detctx
-from detctx import _blocks as frames
+from detctx import _blocks as block_stack
 
 ENV = ("PYTHONHASHSEED", "CUBLAS_WORKSPACE_CONFIG", "HCCL_DETERMINISTIC", "CLOSE_MATMUL_K_SHIFT")
 
@@ -70,7 +71,30 @@ def generator_steps() -> None:
         steps.close()
 
 
+def distributed_blocks() -> None:
+    # verify=True adds the entry and exit checks; in a group of one they gather nothing.
+    while True:
+        with detctx.distributed_deterministic(seed=3, verify=True):
+            np.random.rand()
+            with detctx.distributed_deterministic(seed=4, per_rank=True):
+                random.random()
+
+
+MODES = {
+    "blocks": blocks,
+    "generator steps": generator_steps,
+    "distributed blocks": distributed_blocks,
+}
+
+
+def one_rank_group() -> None:
+    """A gloo group of one rank, as ``torchrun --nproc-per-node 1`` would make."""
+    store = torch.distributed.HashStore()
+    torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
+
+
 def main(signals: int) -> None:
+    one_rank_group()
     random.seed(123)
     np.random.seed(123)
     torch.manual_seed(123)
@@ -89,17 +113,18 @@ def main(signals: int) -> None:
             os.kill(os.getpid(), signal.SIGINT)
 
     threading.Thread(target=shoot, daemon=True).start()
-    lost = {"blocks": 0, "generator steps": 0}
-    sent = {"blocks": 0, "generator steps": 0}
+    lost = dict.fromkeys(MODES, 0)
+    sent = dict.fromkeys(MODES, 0)
     for index in range(signals):
-        mode, run = (("blocks", blocks), ("generator steps", generator_steps))[index % 2]
+        mode = list(MODES)[index % len(MODES)]
+        run = MODES[mode]
         try:
             armed.set()
             run()
         except KeyboardInterrupt:
             pass
         sent[mode] += 1
-        if detctx.open_blocks() or frames.context_frames() or world() != baseline:
+        if detctx.open_blocks() or block_stack.entered_here() or world() != baseline:
             lost[mode] += 1
             print(f"corrupted after signal {index} ({mode})", file=sys.stderr)
             random.seed(123)

@@ -508,9 +508,9 @@ def test_the_lock_is_released_after_a_failed_entry() -> None:
 
 
 def test_a_thread_kept_waiting_is_told_why(monkeypatch: pytest.MonkeyPatch) -> None:
-    from detctx import _blocks as frames
+    from detctx import _transaction as transaction
 
-    monkeypatch.setattr(frames, "WAIT_BEFORE_WARNING_S", 0.05)
+    monkeypatch.setattr(transaction, "WAIT_BEFORE_WARNING_S", 0.05)
     caught: list[warnings.WarningMessage] = []
     entered = threading.Event()
 

@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any, Final
 
-from detctx import _blocks as frames
+from detctx import _blocks as blocks
 from detctx._accelerators import AcceleratorSource
 from detctx._errors import RankDivergenceError, SeedAgreementError
 from detctx._seeds import derive_seed
@@ -49,9 +49,9 @@ _OUTCOME: Final = 1 + _NAME_WORDS
 
 def innermost_seeding() -> DistributedSeeding | None:
     """What the innermost ``distributed_deterministic`` block open in this context applied."""
-    for frame in reversed(frames.context_frames()):
-        if isinstance(frame.seeding, DistributedSeeding):
-            return frame.seeding
+    for block in reversed(blocks.entered_here()):
+        if isinstance(block.seeding, DistributedSeeding):
+            return block.seeding
     return None
 
 
