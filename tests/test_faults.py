@@ -77,6 +77,59 @@ def test_a_child_forked_while_another_thread_is_inside_a_block_can_enter_blocks(
     assert "child exit 0" in output
 
 
+@pytest.mark.parametrize("holder", ["nested blocks", "a generator step"])
+def test_a_child_forked_while_another_thread_is_inside_a_block_gets_the_state_from_before_it(
+    holder: str,
+) -> None:
+    output = run_python(
+        f"""
+        import os, random, threading, time
+        import numpy as np, torch, detctx
+
+        def world():
+            return (detctx.fingerprint(), torch.are_deterministic_algorithms_enabled(),
+                    os.environ.get("PYTHONHASHSEED"), os.environ.get("HCCL_DETERMINISTIC"))
+
+        random.seed(11); np.random.seed(11); torch.manual_seed(11)
+        before = world()
+        inside, leave = threading.Event(), threading.Event()
+
+        @detctx.deterministic(seed=4)
+        def steps():
+            inside.set()
+            leave.wait()
+            yield 1
+
+        def hold():
+            if {holder!r} == "nested blocks":
+                with detctx.deterministic(seed=1), detctx.deterministic(seed=2):
+                    inside.set()
+                    leave.wait()
+            else:
+                next(steps())
+
+        thread = threading.Thread(target=hold)
+        thread.start()
+        inside.wait()
+        assert world() != before  # the other thread's block is in force here
+        pid = os.fork()
+        if pid == 0:
+            ok = world() == before and detctx.open_blocks() == ()
+            with detctx.deterministic(seed=2):
+                pass
+            os._exit(0 if ok and world() == before else 3)
+        _, status = os.waitpid(pid, 0)
+        print("child exit", os.waitstatus_to_exitcode(status))
+        leave.set()
+        thread.join()
+        print("parent whole", world() == before)
+        """,
+        timeout=60,
+    )
+    assert "child exit 0" in output
+    assert "parent whole True" in output
+
+
 def test_a_child_forked_inside_a_block_still_exits_that_block() -> None:
     output = run_python(
         """
