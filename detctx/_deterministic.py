@@ -46,20 +46,11 @@ class deterministic:
     After entry, draws from ``random``, ``np.random`` and ``torch`` equal those
     after ``random.seed(s); np.random.seed(s); torch.manual_seed(s)``.
 
-    ``**switches`` (:class:`~detctx._switches.SwitchOptions`; each is on unless
-    turned off with ``False``):
+    ``**switches``: the determinism switches, each on unless turned off with
+    ``False``; their one declaration, with what each sets, is
+    :class:`detctx.SwitchOptions` (the README's "Switches" table lists them).
 
-    - ``algorithms``: ``torch.use_deterministic_algorithms(True)``; ``"warn"``
-      sets ``warn_only=True``.
-    - ``cudnn``: ``cudnn.deterministic = True``, ``cudnn.benchmark = False``.
-    - ``hash_seed``: ``PYTHONHASHSEED=str(seed)`` for child processes (this
-      process's hash seed is fixed at its start).
-    - ``cublas_workspace``: ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` (``:16:8`` kept).
-    - ``hccl``: ``HCCL_DETERMINISTIC=true``; ``"strict"`` for ``strict``.
-    - ``matmul_k_shift``: ``CLOSE_MATMUL_K_SHIFT=1`` (Ascend matmul order).
-    - ``flash_attention``: ``FLASH_ATTENTION_DETERMINISTIC=1``.
-
-    Entering returns a :class:`~detctx._settings.Seeding` with the seed used.
+    Entering returns a :class:`~detctx.Seeding` with the seed used.
     Bad arguments raise ``TypeError`` / ``ValueError`` here, before anything
     is changed.
     """

@@ -39,6 +39,35 @@ def test_seed_all_whose_registered_source_cannot_be_seeded_leaves_nothing_seeded
         detctx.unregister_source("unseedable")
 
 
+class _RefusesOldStates(CounterSource):
+    """A user RNG that cannot go back to a state below its current one."""
+
+    def restore(self, state: int) -> None:
+        if state < self.value:
+            raise RuntimeError(f"cannot rewind from {self.value} to {state}")
+        self.value = state
+
+
+@pytest.mark.parametrize("restore", ["Snapshot.restore", "detctx.restore"])
+def test_a_restore_with_one_source_that_fails_changes_nothing(restore: str) -> None:
+    counter = _RefusesOldStates()
+    detctx.register_source("one-way", counter)
+    try:
+        saved = detctx.Snapshot.capture()
+        random.random(), np.random.rand(), torch.rand(1)
+        counter.value = 5
+        before = _world()
+        with pytest.raises(RuntimeError, match="cannot rewind"):
+            if restore == "Snapshot.restore":
+                saved.restore()
+            else:
+                detctx.restore(saved.state_dict())
+        assert _world() == before
+        assert counter.value == 5
+    finally:
+        detctx.unregister_source("one-way")
+
+
 def test_a_child_forked_while_another_thread_is_inside_a_block_can_enter_blocks() -> None:
     output = run_python(
         """
