@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Final
 
-from detctx._cli.curves import Comparison, Curve, compare
+from detctx._cli.curves import Curve, CurveComparison, compare
 from detctx._errors import TraceError
 from detctx._locate.child import TRACE_ENV
 from detctx._locate.divergence import Divergence, compare_traces
@@ -109,7 +109,7 @@ class Tracing:
         """Remove the shim, and the traces too when they live in a temporary folder."""
         self._cleanup()
 
-    def report(self, curves: list[Curve], report: Callable[[Comparison], int]) -> int:
+    def report(self, curves: list[Curve], report: Callable[[CurveComparison], int]) -> int:
         """Locate the first differing op, print it beside the curves' report; then close."""
         try:
             return report_located(self.locate(), curves, report)
@@ -118,7 +118,7 @@ class Tracing:
 
 
 def report_located(
-    found: Divergence | None, curves: list[Curve], report: Callable[[Comparison], int]
+    found: Divergence | None, curves: list[Curve], report: Callable[[CurveComparison], int]
 ) -> int:
     """Print the curves' comparison (when every run printed a metric) and the located op.
 
