@@ -181,7 +181,7 @@ def advise(diagnosis: Diagnosis, *, torch_npu_installed: bool = False) -> list[s
 
 def _export(switch: EnvSwitch) -> str:
     """``VARIABLE=value``: what a block with seed 0 would set."""
-    return f"{switch.variable}={switch.target(True, 0, None)}"
+    return f"{switch.variable}={switch.target(setting=True, seed=0, current=None)}"
 
 
 def _either(values: frozenset[str]) -> str:

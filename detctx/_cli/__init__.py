@@ -192,7 +192,7 @@ def _doctor(args: argparse.Namespace) -> int:
     if args.probe:
         from detctx._cli import probe
 
-        return probe.main(args.device, args.json)
+        return probe.main(args.device, as_json=args.json)
     if args.device:
         raise ValueError("--device chooses the devices of --probe: add --probe")
     from detctx._doctor import diagnose

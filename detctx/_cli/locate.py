@@ -56,7 +56,7 @@ if _spec is not None and _spec.loader is not None:
 class Tracing:
     """The traces of one ``detctx run --locate``: where they go, and what they say."""
 
-    def __init__(self, folder: Path, temporary: bool) -> None:
+    def __init__(self, folder: Path, *, temporary: bool) -> None:
         self.folder = folder
         self.temporary = temporary
         self.site = folder / "detctx-site"
@@ -71,9 +71,9 @@ class Tracing:
     @classmethod
     def start(cls, log_dir: Path | None) -> Tracing:
         if log_dir is None:
-            return cls(Path(tempfile.mkdtemp(prefix="detctx-locate-")), True)
+            return cls(Path(tempfile.mkdtemp(prefix="detctx-locate-")), temporary=True)
         log_dir.mkdir(parents=True, exist_ok=True)
-        return cls(log_dir, False)
+        return cls(log_dir, temporary=False)
 
     def trace(self, index: int) -> Path:
         return self.folder / f"run{index}.trace"
