@@ -16,17 +16,13 @@ import numpy as np
 import torch
 
 import detctx
+from detctx import _inductor as inductor
+from detctx._seeds import SEED_ENV
+from detctx._switches import env_switches
 
-DETERMINISM_ENV = (
-    "PYTHONHASHSEED",
-    "CUBLAS_WORKSPACE_CONFIG",
-    "HCCL_DETERMINISTIC",
-    "CLOSE_MATMUL_K_SHIFT",
-    "FLASH_ATTENTION_DETERMINISTIC",
-    "DETCTX_SEED",
-    "TORCHINDUCTOR_DETERMINISTIC",
-)
-"""The variables a block may set: each test starts with them unset (see conftest)."""
+DETERMINISM_ENV = (*(switch.variable for switch in env_switches()), SEED_ENV, inductor.VARIABLE)
+"""The variables a block may set, read from the switch table: each test starts with them
+unset (see conftest), and the fault tests check they come back."""
 
 
 def mindspeed_seed(seed: int) -> None:
