@@ -25,16 +25,6 @@ from typing import Any
 import numpy as np
 import torch
 
-# Environment variables a deterministic block sets (the core's switches).
-DETERMINISM_ENV = (
-    "PYTHONHASHSEED",
-    "CUBLAS_WORKSPACE_CONFIG",
-    "HCCL_DETERMINISTIC",
-    "CLOSE_MATMUL_K_SHIFT",
-    "FLASH_ATTENTION_DETERMINISTIC",
-    "TORCHINDUCTOR_DETERMINISTIC",
-)
-
 
 @dataclass(frozen=True)
 class Settings:
@@ -227,7 +217,20 @@ def preserved_process_state() -> Iterator[None]:
         torch.backends.cudnn.deterministic,
         torch.backends.cudnn.benchmark,
     )
-    watched = (*DETERMINISM_ENV, "PL_GLOBAL_SEED", "PL_SEED_WORKERS")
+    # Imported here, not at the top: with benchmarks/ first on sys.path, benchmarks/cuda.py
+    # shadows the cuda package, so torch's `from cuda.bindings import ...` runs it, and this
+    # module, mid-way through `import torch`, before torch.utils exists
+    # (python benchmarks/run_all.py --quick --only block).
+    from detctx import _inductor as inductor
+    from detctx._switches import env_switches
+
+    # The variables a block sets, read from the switch table, and Lightning's.
+    watched = (
+        *(switch.variable for switch in env_switches()),
+        inductor.VARIABLE,
+        "PL_GLOBAL_SEED",
+        "PL_SEED_WORKERS",
+    )
     env = {name: os.environ.get(name) for name in watched}
     try:
         yield

@@ -124,14 +124,37 @@ def _probe_op(op: ProbeOp, device: torch.device, runs: int, seed: int) -> ProbeR
         try:
             off = _repeat(op.build(device, large), runs, device)
         except Exception as exc:
-            return ProbeRow(op.name, device.type, None, None, False, None, error=_first_line(exc))
+            return ProbeRow(
+                op.name,
+                device.type,
+                identical_off=None,
+                identical_on=None,
+                raises=False,
+                slowdown=None,
+                error=_first_line(exc),
+            )
     with deterministic(seed):
         try:
             on = _repeat(op.build(device, large), runs, device)
         except RuntimeError as exc:
-            return ProbeRow(op.name, device.type, off[0], None, True, None, detail=_first_line(exc))
+            return ProbeRow(
+                op.name,
+                device.type,
+                identical_off=off[0],
+                identical_on=None,
+                raises=True,
+                slowdown=None,
+                detail=_first_line(exc),
+            )
     slowdown = on[1] / off[1] if off[1] > 0 else None
-    return ProbeRow(op.name, device.type, off[0], on[0], False, slowdown)
+    return ProbeRow(
+        op.name,
+        device.type,
+        identical_off=off[0],
+        identical_on=on[0],
+        raises=False,
+        slowdown=slowdown,
+    )
 
 
 def _repeat(thunk: Any, runs: int, device: torch.device) -> tuple[bool, float]:

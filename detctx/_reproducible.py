@@ -67,9 +67,9 @@ def check_reproducible(
         raise TypeError(f"locate must be True or False, got {locate!r}")
     resolved = resolve_seed(None if seed is None else validate_seed(seed))
     if not locate:
-        return _check(fn, args, kwargs, runs, resolved, check_rng)
+        return _check(fn, args, kwargs, runs, resolved, check_rng=check_rng)
     try:
-        return _check(fn, args, kwargs, runs, resolved, check_rng)
+        return _check(fn, args, kwargs, runs, resolved, check_rng=check_rng)
     except NotReproducibleError as exc:
         from detctx._locate import locate_divergence
 
@@ -88,6 +88,7 @@ def _check(
     kwargs: dict[str, Any],
     runs: int,
     seed: int,
+    *,
     check_rng: bool,
 ) -> T:
     block = deterministic(seed)

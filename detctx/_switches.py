@@ -208,16 +208,30 @@ class EnvSwitch:
 
     ``values`` maps each accepted setting (other than ``False``) to the value
     written; a current value in ``keep`` already satisfies the setting and is
-    left as it is. ``too_late`` says, when the variable is actually changed,
-    whether the process has passed the point where it is read, and returns the
-    reason for the warning.
+    left as it is. ``off`` is the value that turns the variable's feature off,
+    for a variable whose reader has one: never written, but a value the reader
+    accepts (``detctx doctor`` tells it from a typo). ``too_late`` says, when
+    the variable is actually changed, whether the process has passed the point
+    where it is read, and returns the reason for the warning.
     """
 
     name: str
     variable: str
     values: dict[object, str | Callable[[int], str]]
     keep: frozenset[str] = frozenset()
+    off: str | None = None
     too_late: Callable[[], str | None] | None = None
+
+    @property
+    def on_values(self) -> frozenset[str]:
+        """The fixed values that turn the feature on: those written (when not derived
+        from the seed) and those kept."""
+        return self.keep | {value for value in self.values.values() if isinstance(value, str)}
+
+    @property
+    def accepted_values(self) -> frozenset[str]:
+        """Every fixed value the variable's reader accepts: :attr:`on_values` and ``off``."""
+        return self.on_values | ({self.off} if self.off is not None else set())
 
     def validate(self, setting: object) -> None:
         if setting is False:
@@ -304,6 +318,7 @@ SWITCHES: Final[tuple[Switch, ...]] = (
         "HCCL_DETERMINISTIC",
         {True: "true", "strict": "strict"},
         keep=frozenset({"strict"}),
+        off="false",
         too_late=_hccl_communicator_exists,
     ),
     EnvSwitch("matmul_k_shift", "CLOSE_MATMUL_K_SHIFT", {True: "1"}),

@@ -18,20 +18,18 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
 
 import numpy as np
 import torch
+from helpers import DETERMINISM_ENV, generator_steps, mindspeed_seed
 
 import detctx
 from detctx import _blocks as block_stack
 
-ENV = ("PYTHONHASHSEED", "CUBLAS_WORKSPACE_CONFIG", "HCCL_DETERMINISTIC", "CLOSE_MATMUL_K_SHIFT")
-
 
 def world() -> tuple[object, ...]:
     flags = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark)
-    return detctx.fingerprint(), flags, tuple(os.environ.get(name) for name in ENV)
+    return detctx.fingerprint(), flags, tuple(os.environ.get(name) for name in DETERMINISM_ENV)
 
 
 def lock_is_free() -> bool:
@@ -46,29 +44,12 @@ def lock_is_free() -> bool:
     return done.wait(10)
 
 
-@detctx.deterministic(seed=5)
-def augment() -> Iterator[float]:
-    while True:
-        with detctx.deterministic(seed=6):
-            yield float(np.random.rand())
-        yield random.random() + torch.rand(1).item()
-
-
 def blocks() -> None:
     while True:
         with detctx.deterministic(seed=1):
             np.random.rand()
             with detctx.deterministic(seed=2):
                 random.random()
-
-
-def generator_steps() -> None:
-    steps = augment()
-    try:
-        while True:
-            next(steps)
-    finally:
-        steps.close()
 
 
 def distributed_blocks() -> None:
@@ -95,9 +76,7 @@ def one_rank_group() -> None:
 
 def main(signals: int) -> None:
     one_rank_group()
-    random.seed(123)
-    np.random.seed(123)
-    torch.manual_seed(123)
+    mindspeed_seed(123)
     baseline = world()
     timing = random.Random(99)
     armed = threading.Event()
@@ -127,9 +106,7 @@ def main(signals: int) -> None:
         if detctx.open_blocks() or block_stack.entered_here() or world() != baseline:
             lost[mode] += 1
             print(f"corrupted after signal {index} ({mode})", file=sys.stderr)
-            random.seed(123)
-            np.random.seed(123)
-            torch.manual_seed(123)
+            mindspeed_seed(123)
         if index % 500 == 0 and not lock_is_free():
             lost[mode] += 1
             print(f"lock held after signal {index} ({mode})", file=sys.stderr)

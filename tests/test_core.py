@@ -12,18 +12,11 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from conftest import CounterSource, draws
+from conftest import CounterSource
+from helpers import draws, mindspeed_seed
 
 import detctx
 from detctx._errors import DeterminismWarning, OutOfOrderExitError
-
-
-def mindspeed_seed(s: int) -> None:
-    """MindSpeed-LLM's seeding order (also Lightning's seed_everything, HF's set_seed)."""
-    random.seed(s)
-    np.random.seed(s)
-    torch.manual_seed(s)
-
 
 # --- seeding ------------------------------------------------------------------------------------
 

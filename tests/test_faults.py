@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 from collections.abc import Iterator
 
-import numpy as np
 import pytest
 import torch
-from conftest import DETERMINISM_ENV, CounterSource, run_python
+from conftest import CounterSource, run_python
+from helpers import DETERMINISM_ENV, draws
 
 import detctx
 
@@ -28,7 +27,7 @@ def _world() -> tuple[str, bool, dict[str, str | None]]:
 
 
 def test_seed_all_whose_registered_source_cannot_be_seeded_leaves_nothing_seeded() -> None:
-    random.random(), np.random.rand(), torch.rand(1)
+    draws()
     detctx.register_source("unseedable", _Unseedable())
     try:
         before = _world()
@@ -54,7 +53,7 @@ def test_a_restore_with_one_source_that_fails_changes_nothing(restore: str) -> N
     detctx.register_source("one-way", counter)
     try:
         saved = detctx.Snapshot.capture()
-        random.random(), np.random.rand(), torch.rand(1)
+        draws()
         counter.value = 5
         before = _world()
         with pytest.raises(RuntimeError, match="cannot rewind"):

@@ -6,7 +6,7 @@ import types
 
 import pytest
 import torch
-from conftest import CounterSource
+from conftest import CounterSource, run_python
 
 import detctx
 
@@ -56,6 +56,31 @@ def test_register_accelerator_names_the_rng_functions_a_device_module_lacks(
 
 
 def test_register_accelerator_accepts_a_device_type_with_the_rng_functions() -> None:
-    detctx.register_accelerator("cuda")  # a CPU build still has torch.cuda's functions
-    with detctx.deterministic(seed=1):
-        pass
+    # In a child: a registration lasts for the process, and this backend is a stand-in.
+    out = run_python(
+        """
+        import types, torch, detctx
+
+        hpu = types.ModuleType("hpu")  # a backend whose one device draws from a CPU generator
+        generator = torch.Generator().manual_seed(11)
+        hpu.is_available = lambda: True
+        hpu.device_count = lambda: 1
+        hpu.get_rng_state = lambda device=0: generator.get_state()
+        hpu.set_rng_state = lambda state, device=0: generator.set_state(state)
+        hpu.manual_seed_all = lambda seed: generator.manual_seed(seed)
+        torch.hpu = hpu
+
+        detctx.register_accelerator("hpu")
+
+        torch.rand(1, generator=generator)
+        before = generator.get_state()
+        with detctx.deterministic(seed=1) as seeding:
+            assert "hpu" in seeding.sources, seeding.sources
+            inside = torch.rand(3, generator=generator)
+        assert torch.equal(inside, torch.rand(3, generator=torch.Generator().manual_seed(1)))
+        assert torch.equal(generator.get_state(), before)
+        assert "hpu" in detctx.capture().source_fingerprints()
+        print("managed")
+        """
+    )
+    assert out.split() == ["managed"]

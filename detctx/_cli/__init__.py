@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from detctx._cli.curves import (
-    Comparison,
+    CurveComparison,
     compare,
     compile_pattern,
     describe,
@@ -192,7 +192,7 @@ def _doctor(args: argparse.Namespace) -> int:
     if args.probe:
         from detctx._cli import probe
 
-        return probe.main(args.device, args.json)
+        return probe.main(args.device, as_json=args.json)
     if args.device:
         raise ValueError("--device chooses the devices of --probe: add --probe")
     from detctx._doctor import diagnose
@@ -247,7 +247,7 @@ def _run(
     return _report(compare(curves), args.plot)
 
 
-def _report(comparison: Comparison, plot_path: Path | None) -> int:
+def _report(comparison: CurveComparison, plot_path: Path | None) -> int:
     print(describe(comparison))
     verdict = AGREE if comparison.agree else DIFFER
     if plot_path is not None:

@@ -23,8 +23,8 @@ from detctx._errors import MetricsError, MissingDependencyError
 __all__ = [
     "DEFAULT_PATTERN",
     "METRIC_VALUE",
-    "Comparison",
     "Curve",
+    "CurveComparison",
     "Point",
     "compare",
     "compile_pattern",
@@ -165,7 +165,7 @@ def no_points_message(name: str, pattern: re.Pattern[str]) -> str:
 
 
 @dataclass(frozen=True)
-class Comparison:
+class CurveComparison:
     """How several curves compare with the first.
 
     ``first`` is the 0-based index of the first point where any curve differs
@@ -189,7 +189,7 @@ class Comparison:
         return max(len(curve.points) for curve in self.curves)
 
 
-def compare(curves: Sequence[Curve]) -> Comparison:
+def compare(curves: Sequence[Curve]) -> CurveComparison:
     """Compare every curve with the first, point for point."""
     if len(curves) < 2:
         raise ValueError("compare needs at least two curves")
@@ -213,10 +213,10 @@ def compare(curves: Sequence[Curve]) -> Comparison:
             differing += 1
             if first is None:
                 first = index
-    return Comparison(tuple(curves), first, differing, max_abs)
+    return CurveComparison(tuple(curves), first, differing, max_abs)
 
 
-def describe(comparison: Comparison, what: str = "metric") -> str:
+def describe(comparison: CurveComparison, what: str = "metric") -> str:
     """A summary of the comparison, a table around the first divergence, and the verdict.
 
     Curves of different lengths (a run that stopped early, a truncated log)
@@ -251,7 +251,7 @@ def describe(comparison: Comparison, what: str = "metric") -> str:
     return "\n".join(lines)
 
 
-def _lengths(comparison: Comparison, common: int) -> str:
+def _lengths(comparison: CurveComparison, common: int) -> str:
     """The verdict for curves of different lengths: where each short one ends, then the
     comparison of the ``common`` points every curve has."""
     ends = []
@@ -316,7 +316,7 @@ def _table(curves: Sequence[Curve], start: int, stop: int) -> str:
     return "\n".join(row.rstrip() for row in rows)
 
 
-def plot(comparison: Comparison, path: str | Path, what: str = "metric") -> None:
+def plot(comparison: CurveComparison, path: str | Path, what: str = "metric") -> None:
     """Write a picture: the curves overlaid, and each curve minus the first, point by point.
 
     The suffix of ``path`` names the format (``.png``, ``.pdf``, ``.svg``, ...).

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Final
 
-from detctx._cli.curves import Comparison, Curve, compare
+from detctx._cli.curves import Curve, CurveComparison, compare
 from detctx._errors import TraceError
 from detctx._locate.child import TRACE_ENV
 from detctx._locate.divergence import Divergence, compare_traces
@@ -56,7 +56,7 @@ if _spec is not None and _spec.loader is not None:
 class Tracing:
     """The traces of one ``detctx run --locate``: where they go, and what they say."""
 
-    def __init__(self, folder: Path, temporary: bool) -> None:
+    def __init__(self, folder: Path, *, temporary: bool) -> None:
         self.folder = folder
         self.temporary = temporary
         self.site = folder / "detctx-site"
@@ -71,9 +71,9 @@ class Tracing:
     @classmethod
     def start(cls, log_dir: Path | None) -> Tracing:
         if log_dir is None:
-            return cls(Path(tempfile.mkdtemp(prefix="detctx-locate-")), True)
+            return cls(Path(tempfile.mkdtemp(prefix="detctx-locate-")), temporary=True)
         log_dir.mkdir(parents=True, exist_ok=True)
-        return cls(log_dir, False)
+        return cls(log_dir, temporary=False)
 
     def trace(self, index: int) -> Path:
         return self.folder / f"run{index}.trace"
@@ -109,7 +109,7 @@ class Tracing:
         """Remove the shim, and the traces too when they live in a temporary folder."""
         self._cleanup()
 
-    def report(self, curves: list[Curve], report: Callable[[Comparison], int]) -> int:
+    def report(self, curves: list[Curve], report: Callable[[CurveComparison], int]) -> int:
         """Locate the first differing op, print it beside the curves' report; then close."""
         try:
             return report_located(self.locate(), curves, report)
@@ -118,7 +118,7 @@ class Tracing:
 
 
 def report_located(
-    found: Divergence | None, curves: list[Curve], report: Callable[[Comparison], int]
+    found: Divergence | None, curves: list[Curve], report: Callable[[CurveComparison], int]
 ) -> int:
     """Print the curves' comparison (when every run printed a metric) and the located op.
 

@@ -49,7 +49,7 @@ def determinism_env(seed: int, base: Mapping[str, str]) -> dict[str, str]:
     env = dict(base)
     env[SEED_ENV] = str(seed)
     for switch in env_switches():
-        wanted = switch.target(True, seed, env.get(switch.variable))
+        wanted = switch.target(setting=True, seed=seed, current=env.get(switch.variable))
         if wanted is not None:
             env[switch.variable] = wanted
     return env
@@ -66,7 +66,7 @@ class _Progress:
     points: int = 0
     last: Point | None = None
 
-    def update(self, point: Point | None, final: bool = False) -> None:
+    def update(self, point: Point | None, *, final: bool = False) -> None:
         if point is not None:
             self.points += 1
             self.last = point

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from detctx._deterministic import deterministic
-from detctx._locate.divergence import Capture, Comparison, Divergence, element_difference
+from detctx._locate.divergence import Capture, Divergence, OpComparison, element_difference
 from detctx._locate.trace import TraceWriter, read_trace
 from detctx._seeds import DEFAULT_SEED, resolve_seed, validate_seed
 
@@ -87,7 +87,7 @@ def locate_divergence(
             writer.close()
         for run in range(2, runs + 1):
             reference = read_trace(path)
-            comparison = Comparison(reference, run)
+            comparison = OpComparison(reference, run)
             try:
                 _recorded(block, comparison, fn, args, kwargs)
                 found = comparison.finish()

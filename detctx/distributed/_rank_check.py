@@ -106,7 +106,7 @@ def _verify(group: Any, timeout: float, raised: BaseException | None, *, outcome
     seeding = innermost_seeding()
     if group is None and seeding is not None:
         group = seeding.group
-    check_arguments(None, False, group, 0)
+    check_arguments(seed=None, per_rank=False, group=group, src=0)
     if not in_process_group():
         return
     rank, world_size = rank_and_size(group)
