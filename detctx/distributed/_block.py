@@ -26,8 +26,10 @@ from detctx._switches import SwitchOptions
 from detctx.distributed._agreement import (
     Agreement,
     DistributedSeeding,
+    MegatronSeeds,
     agree,
     check_arguments,
+    check_megatron_seeds,
 )
 from detctx.distributed._arrival import DEFAULT_TIMEOUT_S, check_timeout
 from detctx.distributed._rank_check import verify_across_ranks, verify_on_exit
@@ -41,7 +43,7 @@ logger = logging.getLogger("detctx")
 class AgreedSettings(Settings):
     """Settings whose seed is agreed across the ranks of ``group`` on every entry."""
 
-    __slots__ = ("group", "per_rank", "src", "timeout")
+    __slots__ = ("group", "megatron_seeds", "per_rank", "src", "timeout")
 
     def __init__(
         self,
@@ -52,9 +54,11 @@ class AgreedSettings(Settings):
         group: Any,
         src: int,
         timeout: object = DEFAULT_TIMEOUT_S,
+        megatron_seeds: object = None,
     ) -> None:
         super().__init__(seed, switches, caller="distributed_deterministic")
         check_arguments(None, per_rank, group, src)
+        self.megatron_seeds = check_megatron_seeds(megatron_seeds, per_rank)
         self.per_rank = per_rank
         self.group = group
         self.src = src
@@ -64,7 +68,9 @@ class AgreedSettings(Settings):
         """Agree with the other ranks on this entry's seed (a collective)."""
         if self.switches["hccl"] is not False:
             warn_superpod()
-        return agree(self.seed, self.per_rank, self.group, self.src, self.timeout)
+        return agree(
+            self.seed, self.per_rank, self.group, self.src, self.timeout, self.megatron_seeds
+        )
 
     def resolve_seed(self) -> int:
         # The decorated generator/coroutine forms seed their world through this: a
@@ -85,6 +91,7 @@ class AgreedSettings(Settings):
             agreement.world_size,
             self.per_rank,
             self.group,
+            self.megatron_seeds,
         )
         if logger.isEnabledFor(logging.INFO):
             logger.info("seed agreed across ranks: %s", agreed.describe())
@@ -110,6 +117,10 @@ class distributed_deterministic(deterministic):
     repeats on every rerun with the same seed and world size (dropout masks
     that differ per data-parallel rank, say). Parallel layouts can derive
     further streams with :meth:`DistributedRun.group_seed`.
+    ``megatron_seeds=MegatronSeeds(pp_rank=..., dp_rank=...)``: rank seeds as
+    Megatron's ``_set_random_seed`` derives them (``seed + 100 * pp_rank``,
+    plus ``10 * dp_rank`` if given), so a Megatron or MindSpeed-LLM run gets
+    the numbers it got from ``--seed`` (see ``docs/megatron.md``).
 
     ``verify=True`` runs :func:`verify_across_ranks` after seeding on entry and
     before restoring on exit. Every rank takes part in the exit check whatever
@@ -153,12 +164,19 @@ class distributed_deterministic(deterministic):
         src: int = 0,
         verify: bool = False,
         timeout: float = DEFAULT_TIMEOUT_S,
+        megatron_seeds: MegatronSeeds | None = None,
         **switches: Unpack[SwitchOptions],
     ) -> None:
         if not isinstance(verify, bool):
             raise TypeError(f"verify must be True or False, got {verify!r}")
         self._settings = self._agreed = AgreedSettings(
-            seed, switches, per_rank=per_rank, group=group, src=src, timeout=timeout
+            seed,
+            switches,
+            per_rank=per_rank,
+            group=group,
+            src=src,
+            timeout=timeout,
+            megatron_seeds=megatron_seeds,
         )
         self.verify = verify
 
@@ -192,6 +210,7 @@ class distributed_deterministic(deterministic):
                 ("src", self.src, 0),
                 ("verify", self.verify, False),
                 ("timeout", self.timeout, DEFAULT_TIMEOUT_S),
+                ("megatron_seeds", self._agreed.megatron_seeds, None),
             )
             if value != default
         ]
