@@ -101,8 +101,11 @@ class TrackerSource:
     def tracker() -> Any:
         """Megatron's tracker if the program has built one, else ``None`` (nothing is built)."""
         module = sys.modules.get(_RANDOM)
-        # get_cuda_rng_tracker() builds a tracker when there is none: look first.
-        if module is None or not getattr(module, "_CUDA_RNG_STATE_TRACKER_INITIALIZED", False):
+        if module is None:
+            return None
+        # get_cuda_rng_tracker() builds a tracker when there is none (0.16's random.py),
+        # so look first; older releases built it at import and have no such flag.
+        if not getattr(module, "_CUDA_RNG_STATE_TRACKER_INITIALIZED", True):
             return None
         return module.get_cuda_rng_tracker()
 
