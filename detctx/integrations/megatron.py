@@ -103,8 +103,10 @@ class TrackerSource:
         module = sys.modules.get(_RANDOM)
         if module is None:
             return None
-        # get_cuda_rng_tracker() builds a tracker when there is none (0.16's random.py),
-        # so look first; older releases built it at import and have no such flag.
+        # get_cuda_rng_tracker() builds a tracker when there is none, so look first:
+        # python -c "import megatron.core.tensor_parallel.random as r;
+        #   r.get_cuda_rng_tracker(); print(r._CUDA_RNG_STATE_TRACKER)"  (megatron-core 0.16)
+        # Older releases built it at import and have no such flag.
         if not getattr(module, "_CUDA_RNG_STATE_TRACKER_INITIALIZED", True):
             return None
         return module.get_cuda_rng_tracker()
