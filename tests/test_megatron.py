@@ -226,6 +226,63 @@ def test_states_the_body_builds_stay_after_the_block() -> None:
     assert out.strip() == str(["data-parallel-rng", "expert-parallel-rng", "model-parallel-rng"])
 
 
+def test_a_block_inside_a_fork_leaves_the_forks_stream_as_if_it_never_ran() -> None:
+    out = run_on_npu(
+        """
+        detctx_megatron.register_tracker(tp_rank=0, ep_rank=0, etp_rank=0)
+        tracker_module.model_parallel_cuda_manual_seed(5, tp_rank=0, ep_rank=0, etp_rank=0)
+        tracker = tracker_module.get_cuda_rng_tracker()
+        start = detctx.capture()
+
+        def dropout_around(block):
+            start.restore()
+            with tracker.fork():
+                seen = [draw()]
+                if block:
+                    with detctx.deterministic(seed=3):
+                        draw()
+                seen.append(draw())
+            with tracker.fork():
+                seen.append(draw())
+            return [values.tolist() for values in seen]
+
+        print(dropout_around(block=False) == dropout_around(block=True))
+        """
+    )
+    assert out.strip() == "True"
+
+
+def test_a_graph_safe_tracker_keeps_its_generator_objects() -> None:
+    # A graph-safe tracker (use_cudagraphable_rng) holds generators, which CUDA graphs
+    # refer to; CPU generators stand in for them here.
+    out = run_on_npu(
+        """
+        detctx_megatron.register_tracker(tp_rank=1, ep_rank=0, etp_rank=0)
+        tracker = tracker_module.get_cuda_rng_tracker()
+        generators = {name: torch.Generator().manual_seed(index) for index, name in
+                      enumerate(["data-parallel-rng", "model-parallel-rng", "expert-parallel-rng"])}
+        tracker.set_states(dict(generators))
+        mp = generators["model-parallel-rng"]
+
+        state = detctx.capture()
+        expected = torch.rand(3, generator=mp)
+        state.restore()
+        restored = torch.equal(torch.rand(3, generator=mp), expected)
+        before_block = mp.get_state()
+        with detctx.deterministic(seed=10):
+            seeds = detctx_megatron.tracker_seeds(10, 1, 0, 0)
+            seeded = all(
+                torch.equal(generators[name].get_state(),
+                            torch.Generator().manual_seed(seeds[name]).get_state())
+                for name in generators
+            )
+        same_objects = all(tracker.get_states()[name] is generators[name] for name in generators)
+        print(restored, seeded, same_objects, torch.equal(mp.get_state(), before_block))
+        """
+    )
+    assert out.split() == ["True", "True", "True", "True"]
+
+
 # --- no tracker, no device ------------------------------------------------------------------
 
 
