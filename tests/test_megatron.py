@@ -646,18 +646,19 @@ def test_on_cuda_the_block_seeds_restores_and_checkpoints_tracker_dropout() -> N
             """
             warnings.simplefilter("ignore", detctx.DeterminismWarning)
             detctx_megatron.register_tracker(tp_rank=1, ep_rank=0, etp_rank=1)
-            tracker_module.model_parallel_cuda_manual_seed(77, tp_rank=1, ep_rank=0, etp_rank=1)
-            tracker = tracker_module.get_cuda_rng_tracker()
 
-            tracker_module.model_parallel_cuda_manual_seed(
-                1234, tp_rank=1, ep_rank=0, etp_rank=1, force_reset_rng=True
-            )
+            def megatron_seed(seed):
+                # force_reset_rng builds a new tracker: fetch it again after each call.
+                tracker_module.model_parallel_cuda_manual_seed(
+                    seed, tp_rank=1, ep_rank=0, etp_rank=1, force_reset_rng=True
+                )
+                return tracker_module.get_cuda_rng_tracker()
+
+            tracker = megatron_seed(1234)
             expected = {name: state.clone() for name, state in tracker.get_states().items()}
             with tracker.fork():
                 reference = dropout()
-            tracker_module.model_parallel_cuda_manual_seed(
-                77, tp_rank=1, ep_rank=0, etp_rank=1, force_reset_rng=True
-            )
+            tracker = megatron_seed(77)
             with detctx.deterministic(seed=1234):
                 states = tracker.get_states()
                 same = all(torch.equal(states[name], expected[name]) for name in expected)
