@@ -195,8 +195,7 @@ def verification_row(
         parts = [part for name, source in sources for part in _parts(name, source, states[name])]
         names = [name for name, _, _ in parts]
         # Under Megatron's offsets a rank is compared only with ranks seeded alike.
-        offsets = run is not None and run.megatron_seeds is not None
-        seeded = f"\0seed={run.seed}" if offsets and run is not None else ""
+        seeded = "" if run is None or run.megatron_seeds is None else f"\0seed={run.seed}"
         folded_scopes = hashlib.blake2b(digest_size=8)
         folded = hashlib.blake2b(digest_size=8)
         alone = False
