@@ -39,6 +39,12 @@ class RNGSource(Protocol):
     A source may also offer ``validate_state(state)``, raising ``ValueError``
     for a state it must not be given: restoring a checkpoint calls it before
     any RNG is touched.
+
+    And ``agreement_parts(state)``, for a state that should agree only among
+    some ranks: it returns ``(part, scope, value)`` triples, and
+    ``verify_across_ranks`` compares each part only among the ranks that give
+    it the same ``scope`` string (``""``: every rank; ``None``: no other
+    rank). Without it the whole state must agree on every rank.
     """
 
     def capture(self) -> Any: ...
@@ -163,7 +169,7 @@ def as_source(obj: object) -> RNGSource:
     )
 
 
-_OPTIONAL_METHODS = ("validate_state", "state_to_plain", "state_from_plain")
+_OPTIONAL_METHODS = ("validate_state", "state_to_plain", "state_from_plain", "agreement_parts")
 
 
 def _check_protocol(obj: object) -> None:

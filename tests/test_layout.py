@@ -117,6 +117,7 @@ def test_only_the_documented_modules_are_public() -> None:
         "detctx.integrations",
         "detctx.integrations.hypothesis",
         "detctx.integrations.lightning",
+        "detctx.integrations.megatron",
         "detctx.integrations.transformers",
         "detctx.pytest_plugin",
     }, "a new module is private (a leading underscore) unless it is documented API"

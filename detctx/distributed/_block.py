@@ -23,8 +23,10 @@ from detctx._switches import SwitchOptions
 from detctx.distributed._agreement import (
     Agreement,
     DistributedSeeding,
+    MegatronSeeds,
     agree,
     check_arguments,
+    check_megatron_seeds,
 )
 from detctx.distributed._arrival import DEFAULT_TIMEOUT_S, check_timeout
 from detctx.distributed._rank_check import verify_across_ranks, verify_on_exit
@@ -55,6 +57,7 @@ class _Agreed:
             agreement.world_size,
             options.per_rank,
             options.group,
+            options.megatron_seeds,
         )
 
 
@@ -62,12 +65,20 @@ class RankCoordinator:
     """Each entry's seed agreed across the ranks of ``group``; ``verify``: checked on
     entry and exit (:mod:`detctx.distributed._rank_check`). Arguments are checked here."""
 
-    __slots__ = ("group", "per_rank", "src", "timeout", "verify")
+    __slots__ = ("group", "megatron_seeds", "per_rank", "src", "timeout", "verify")
 
     def __init__(
-        self, *, per_rank: bool, group: Any, src: int, verify: bool, timeout: float
+        self,
+        *,
+        per_rank: bool,
+        group: Any,
+        src: int,
+        verify: bool,
+        timeout: float,
+        megatron_seeds: MegatronSeeds | None,
     ) -> None:
         check_arguments(None, per_rank, group, src)
+        self.megatron_seeds = check_megatron_seeds(megatron_seeds, per_rank)
         if not isinstance(verify, bool):
             raise TypeError(f"verify must be True or False, got {verify!r}")
         self.per_rank = per_rank
@@ -80,7 +91,9 @@ class RankCoordinator:
         """Agree with the other ranks on this entry's seed (a collective)."""
         if settings.switches["hccl"] is not False:
             warn_superpod()
-        agreement = agree(settings.seed, self.per_rank, self.group, self.src, self.timeout)
+        agreement = agree(
+            settings.seed, self.per_rank, self.group, self.src, self.timeout, self.megatron_seeds
+        )
         return _Agreed(agreement, self)
 
     def after_entry(self) -> None:
@@ -106,6 +119,7 @@ class RankCoordinator:
                 ("src", self.src, 0),
                 ("verify", self.verify, False),
                 ("timeout", self.timeout, DEFAULT_TIMEOUT_S),
+                ("megatron_seeds", self.megatron_seeds, None),
             )
             if value != default
         }
@@ -130,6 +144,10 @@ class distributed_deterministic(deterministic):
     repeats on every rerun with the same seed and world size (dropout masks
     that differ per data-parallel rank, say). Parallel layouts can derive
     further streams with :meth:`DistributedRun.group_seed`.
+    ``megatron_seeds=MegatronSeeds(pp_rank=..., dp_rank=...)``: rank seeds as
+    Megatron's ``_set_random_seed`` derives them (``seed + 100 * pp_rank``,
+    plus ``10 * dp_rank`` if given), so a Megatron or MindSpeed-LLM run gets
+    the numbers it got from ``--seed`` (see ``docs/megatron.md``).
 
     ``verify=True`` runs :func:`verify_across_ranks` after seeding on entry and
     before restoring on exit. Every rank takes part in the exit check whatever
@@ -173,10 +191,16 @@ class distributed_deterministic(deterministic):
         src: int = 0,
         verify: bool = False,
         timeout: float = DEFAULT_TIMEOUT_S,
+        megatron_seeds: MegatronSeeds | None = None,
         **switches: Unpack[SwitchOptions],
     ) -> None:
         self._ranks = RankCoordinator(
-            per_rank=per_rank, group=group, src=src, verify=verify, timeout=timeout
+            per_rank=per_rank,
+            group=group,
+            src=src,
+            verify=verify,
+            timeout=timeout,
+            megatron_seeds=megatron_seeds,
         )
         super().__init__(seed, **switches)
 
