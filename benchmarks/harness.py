@@ -25,6 +25,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from detctx import _inductor as inductor
+from detctx._switches import env_switches
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -217,13 +220,6 @@ def preserved_process_state() -> Iterator[None]:
         torch.backends.cudnn.deterministic,
         torch.backends.cudnn.benchmark,
     )
-    # Imported here, not at the top: with benchmarks/ first on sys.path, benchmarks/cuda.py
-    # shadows the cuda package, so torch's `from cuda.bindings import ...` runs it, and this
-    # module, mid-way through `import torch`, before torch.utils exists
-    # (python benchmarks/run_all.py --quick --only block).
-    from detctx import _inductor as inductor
-    from detctx._switches import env_switches
-
     # The variables a block sets, read from the switch table, and Lightning's.
     watched = (
         *(switch.variable for switch in env_switches()),
