@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -256,3 +258,30 @@ def test_a_ctrl_c_swallowed_during_start_up_still_stops_detctx_run(tmp_path: Pat
     assert done.returncode == 130, done.stderr
     assert "interrupted" in done.stderr
     assert not ran.exists()
+
+
+def test_a_signal_ignored_when_detctx_run_starts_stays_ignored(tmp_path: Path) -> None:
+    # `nohup detctx run ...` ignores SIGHUP: a hangup must not stop the runs (it did, since
+    # detctx run put its own handler in place of the ignored one and forwarded the signal).
+    started = tmp_path / "started"
+    code = (
+        "import pathlib, sys, time; pathlib.Path(sys.argv[1]).touch(); time.sleep(1); "
+        "print('loss: 0.5')"
+    )
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "detctx", "run", "--", sys.executable, "-c", code, str(started)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),
+    )
+    deadline = time.monotonic() + GUARD_S
+    while not started.exists():
+        assert runner.poll() is None and time.monotonic() < deadline, runner.communicate()
+        time.sleep(0.05)
+
+    runner.send_signal(signal.SIGHUP)
+    out, err = runner.communicate(timeout=GUARD_S)
+
+    assert runner.returncode == 0, err
+    assert "agree" in out

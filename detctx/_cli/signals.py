@@ -66,7 +66,13 @@ def forwarded_signals() -> Iterator[None]:
         raise _exception_for(signum)
 
     _pending.clear()
-    previous = {signum: signal.signal(signum, stop) for signum in (int(signal.SIGINT), *_FORWARDED)}
+    # A signal ignored when detctx run started (nohup ignores SIGHUP; a shell's background
+    # job ignores SIGINT) stays ignored, as it would for the command run by hand.
+    previous = {
+        signum: signal.signal(signum, stop)
+        for signum in (int(signal.SIGINT), *_FORWARDED)
+        if signal.getsignal(signum) is not signal.SIG_IGN
+    }
     try:
         yield
     finally:
