@@ -74,9 +74,13 @@ def _begin(setting: Setting) -> _Hold:
     """Switch deterministic algorithms on as ``setting`` asks, until :func:`_end`."""
     with _holds_lock:
         hold = _Hold(setting, _ALGORITHMS.capture())
-        _holds.append(hold)
         if hold.saved[:2] != (True, setting == "warn"):
-            _ALGORITHMS.apply(setting, 0, hold.saved)
+            try:
+                _ALGORITHMS.apply(setting, 0, hold.saved)
+            except BaseException:  # an NPU warning turned into an error, say
+                _ALGORITHMS.restore(hold.saved)
+                raise
+        _holds.append(hold)
     return hold
 
 

@@ -69,7 +69,9 @@ def test_numpy_alone_crashes_on_a_philox_buffer_position_of_minus_10_to_the_8() 
         "print(np.random.Generator(bit_generator).random(3))\n"
     )
     child = subprocess.run([sys.executable, "-c", attack], capture_output=True, timeout=120)
-    assert child.returncode == -signal.SIGSEGV
+    # NumPy 2.4 crashes; a NumPy that learns to refuse the value would say so instead.
+    refused_by_numpy = child.returncode == 1 and b"buffer_pos" in child.stderr
+    assert child.returncode == -signal.SIGSEGV or refused_by_numpy, child
 
 
 def test_a_checkpoint_with_that_position_is_refused_and_the_generator_draws_on() -> None:
