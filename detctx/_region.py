@@ -130,9 +130,10 @@ class _PassEnd:
     completes. When a node raises (a custom ``autograd.Function``'s backward,
     a tensor hook), the pass stops, the region's entry node never runs and
     neither does the callback; the engine drops it with the pass
-    (``GraphTask``'s ``final_callbacks_``), before the exception reaches the
-    caller. Putting the flags back on that drop covers a failed pass; before,
-    this printed True::
+    (``GraphTask``'s ``final_callbacks_``): on the CPU before the exception
+    reaches the caller, on a device's autograd thread when that thread lets
+    go of the pass. Putting the flags back on that drop covers a failed
+    pass; before, this printed True::
 
         python -c "import torch, detctx
         def part(t): t = t * 2; t.register_hook(lambda g: 1 / 0); return t
