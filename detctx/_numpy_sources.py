@@ -53,7 +53,12 @@ class NumpyRandomStateSource:
         return bit_generator
 
     def capture(self) -> Any:
-        return self._target().get_state()
+        rng = self._target()
+        # The legacy tuple exists for MT19937 only; asking it of another bit
+        # generator warns (RuntimeWarning) and returns the dict anyway.
+        if isinstance(rng._bit_generator, np.random.MT19937):
+            return rng.get_state()
+        return rng.get_state(legacy=False)
 
     def restore(self, state: Any) -> None:
         restore_random_state(self._target(), state)

@@ -23,6 +23,7 @@ from detctx._accelerators import active_accelerators, device_module
 from detctx._deterministic import deterministic
 from detctx._errors import DeterminismWarning
 from detctx._probe_catalogue import PROBE_OPS, ProbeOp
+from detctx._seeds import as_integer
 
 __all__ = ["PROBE_OPS", "ProbeOp", "ProbeReport", "ProbeRow", "probe_devices", "run_probe"]
 
@@ -90,8 +91,10 @@ def run_probe(
         for row in report.nondeterministic():
             print(row.op, row.device)
     """
-    if isinstance(runs, bool) or not isinstance(runs, int) or runs < 2:
+    count = as_integer(runs)
+    if count is None or count < 2:
         raise ValueError(f"runs must be an integer of at least 2 to compare anything, got {runs!r}")
+    runs = count
     available = probe_devices()
     chosen = list(available if device_types is None else device_types)
     unknown = [name for name in chosen if name not in available]

@@ -13,7 +13,7 @@ import torch
 
 from detctx._deterministic import deterministic
 from detctx._errors import NotReproducibleError
-from detctx._seeds import DEFAULT_SEED, resolve_seed, validate_seed
+from detctx._seeds import DEFAULT_SEED, as_integer, resolve_seed, validate_seed
 from detctx._snapshot import Snapshot
 
 __all__ = ["check_gradients", "check_reproducible", "first_difference"]
@@ -242,11 +242,12 @@ def first_difference(a: Any, b: Any, path: str = "result") -> Difference | None:
 
 
 def _check_runs(runs: object) -> int:
-    if isinstance(runs, bool) or not isinstance(runs, int):
+    count = as_integer(runs)
+    if count is None:
         raise TypeError(f"runs must be an integer, got {runs!r}")
-    if runs < 2:
+    if count < 2:
         raise ValueError(f"runs must be at least 2 to compare anything, got {runs}")
-    return runs
+    return count
 
 
 def _render_key(key: object) -> str:

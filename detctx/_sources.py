@@ -7,6 +7,7 @@ too; they are discovered in :mod:`detctx._accelerators`.
 
 from __future__ import annotations
 
+import inspect
 import random
 from collections.abc import Iterator
 from typing import Any, ClassVar, Protocol, runtime_checkable
@@ -159,6 +160,11 @@ def as_source(obj: object) -> RNGSource:
         return NumpyRandomStateSource(obj)
     if isinstance(obj, np.random.Generator):
         return NumpyGeneratorSource(obj)
+    if isinstance(obj, type):
+        raise TypeError(
+            f"cannot manage the class {obj.__qualname__!r} as an RNG source: register an "
+            f"instance of it, e.g. register_source(name, {obj.__qualname__}())"
+        )
     if isinstance(obj, RNGSource):
         _check_protocol(obj)
         return obj
@@ -170,10 +176,20 @@ def as_source(obj: object) -> RNGSource:
 
 
 _OPTIONAL_METHODS = ("validate_state", "state_to_plain", "state_from_plain", "agreement_parts")
+_ARGUMENTS = {
+    "capture": (),
+    "restore": ("state",),
+    "seed": ("seed",),
+    "validate_state": ("state",),
+    "state_to_plain": ("state",),
+    "state_from_plain": ("plain",),
+    "agreement_parts": ("state",),
+}
+"""The positional arguments detctx calls each protocol method with."""
 
 
 def _check_protocol(obj: object) -> None:
-    """Refuse a source whose protocol methods exist but cannot be called."""
+    """Refuse a source whose protocol methods exist but cannot be called as detctx calls them."""
     required = [name for name in ("capture", "restore", "seed") if not callable(getattr(obj, name))]
     optional = [
         name
@@ -187,6 +203,30 @@ def _check_protocol(obj: object) -> None:
             f"{', '.join(type(getattr(obj, name)).__name__ for name in required + optional)}; "
             "an RNG source needs callable capture(), restore(state) and seed(seed)"
         )
+    for name, arguments in _ARGUMENTS.items():
+        method = getattr(obj, name, None)
+        if method is None:
+            continue
+        try:
+            signature = inspect.signature(method)
+        except (TypeError, ValueError):  # a builtin or C method without a readable signature
+            continue
+        try:
+            signature.bind(*arguments)
+        except TypeError:
+            called = f"{name}({', '.join(arguments)})"
+            bare = signature.replace(
+                parameters=[
+                    parameter.replace(annotation=inspect.Parameter.empty)
+                    for parameter in signature.parameters.values()
+                ],
+                return_annotation=inspect.Signature.empty,
+            )
+            raise TypeError(
+                f"cannot manage {type(obj).__name__!r} as an RNG source: detctx calls "
+                f"{called}, but {name} takes {bare}; an RNG source needs capture(), "
+                "restore(state) and seed(seed)"
+            ) from None
 
 
 _BUILTIN: dict[str, RNGSource] = {
@@ -210,10 +250,12 @@ def register_source(name: str, source: object) -> None:
     a NumPy ``RandomState`` or ``Generator``, or any object implementing
     :class:`RNGSource`. It is seeded with the block's seed, saved on entry and
     restored on exit. Names are unique: registering a taken name raises
-    ``ValueError`` (unregister it first). An object whose ``capture``,
-    ``restore`` or ``seed`` (or ``validate_state``, ``state_to_plain``,
-    ``state_from_plain``, where present) is not callable raises ``TypeError``
-    here, and nothing is registered::
+    ``ValueError`` (unregister it first). A class rather than an instance,
+    or an object whose ``capture``, ``restore`` or ``seed`` (or
+    ``validate_state``, ``state_to_plain``, ``state_from_plain``, where
+    present) is not callable or does not take the arguments detctx passes
+    (none for ``capture``, one for the others), raises ``TypeError`` here,
+    naming the method, and nothing is registered::
 
         detctx.register_source("sampler", torch.Generator())
     """

@@ -18,7 +18,15 @@ from typing import Any
 import torch
 
 from detctx._errors import SeedMismatchError
-from detctx._seeds import MAX_SEED, SEED_ENV, derive_seed, group_seed, resolve_seed, validate_seed
+from detctx._seeds import (
+    MAX_SEED,
+    SEED_ENV,
+    as_integer,
+    derive_seed,
+    group_seed,
+    resolve_seed,
+    validate_seed,
+)
 from detctx._settings import Seeding
 from detctx.distributed._arrival import (
     DEFAULT_TIMEOUT_S,
@@ -190,9 +198,10 @@ def check_arguments(seed: object, per_rank: object, group: object, src: object) 
     checked = None if seed is None else validate_seed(seed)
     if not isinstance(per_rank, bool):
         raise TypeError(f"per_rank must be True or False, got {per_rank!r}")
-    if isinstance(src, bool) or not isinstance(src, int):
+    rank = as_integer(src)
+    if rank is None:
         raise TypeError(f"src must be a global rank (an int), got {src!r}")
-    if src < 0:
+    if rank < 0:
         raise ValueError(f"src must be a global rank (>= 0), got {src}")
     if group is not None:
         dist = torch.distributed
@@ -218,7 +227,7 @@ def agree(
         shared = resolve_seed(seed)
         return Agreement(_own_seed(shared, 0, per_rank, megatron_seeds), shared, 0, 1)
     rank, world_size = rank_and_size(group)
-    src_rank = _group_rank(group, src)
+    src_rank = _group_rank(group, int(src))  # a NumPy integer too (check_arguments)
     failure: ValueError | None = None
     how = _derivation(per_rank, megatron_seeds)
     if seed is not None:
