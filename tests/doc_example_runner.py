@@ -5,7 +5,8 @@ Started by ``test_doc_examples.py`` as ``python doc_example_runner.py SPEC OUT``
 ``{"name", "code", "preamble"}``. Each example runs in its own namespace
 (after ``examples/docs_preamble.py`` when ``preamble`` is true), with Python's,
 NumPy's and torch's RNGs drawn afresh from OS entropy as at a process's start,
-and with the environment and determinism flags put back after it. What each
+and with the environment, determinism flags and registered RNG sources put
+back after it. What each
 one printed, or the traceback it raised, goes to ``OUT`` (``OUT.rank<r>`` under
 torchrun) as JSON.
 """
@@ -25,6 +26,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import detctx
+from detctx._sources import registered_sources
+
 ROOT = Path(__file__).resolve().parent.parent
 PREAMBLE = ROOT / "examples" / "docs_preamble.py"
 
@@ -41,6 +45,7 @@ def fresh_process_state() -> None:
 
 def run_one(example: dict[str, object]) -> dict[str, object]:
     saved_env = dict(os.environ)
+    sources = {name for name, _ in registered_sources()}
     started = time.perf_counter()
     fresh_process_state()
     namespace: dict[str, object] = {"__name__": "__main__"}
@@ -58,6 +63,8 @@ def run_one(example: dict[str, object]) -> dict[str, object]:
             torch.distributed.destroy_process_group()
         os.environ.clear()
         os.environ.update(saved_env)
+        for name in [name for name, _ in registered_sources() if name not in sources]:
+            detctx.unregister_source(name)
     seconds = time.perf_counter() - started
     return {"name": example["name"], "stdout": printed.getvalue(), "error": error, "s": seconds}
 

@@ -160,7 +160,12 @@ def _run(group: list[Example], folder: Path) -> dict[str, dict[str, str | None]]
 def _child(command: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(TESTS), env.get("PYTHONPATH", "")])
-    return subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=cwd, env=env)
+    try:
+        return subprocess.run(
+            command, capture_output=True, text=True, timeout=300, cwd=cwd, env=env
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"{' '.join(command)} ran for 300 s\n{exc.stdout!r}\n{exc.stderr!r}")
 
 
 def _pytest(group: list[Example], folder: Path) -> None:
@@ -209,7 +214,8 @@ def test_an_example_that_needs_what_this_machine_lacks_is_skipped_with_its_reaso
 def test_the_examples_are_found_and_hardly_any_is_skipped() -> None:
     assert len(EXAMPLES) >= 30
     never_here = [e.name for e in EXAMPLES if e.needs and not e.needs.startswith(("cuda", "npu"))]
-    assert len(never_here) <= 2, f"examples that cannot run anywhere in CI: {never_here}"
+    # now: a user's HF Trainer, and Megatron's parallel groups (twice)
+    assert len(never_here) <= 3, f"examples that cannot run anywhere in CI: {never_here}"
     quickstart = next(e for e in EXAMPLES if e.page == "README.md")
     assert quickstart.words == {"fragment", "reproduces"} and quickstart.kind == "repeated"
 

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from detctx._cli.curves import (
-    Comparison,
+    CurveComparison,
     compare,
     compile_pattern,
     describe,
@@ -28,7 +28,7 @@ from detctx._cli.hints import FrameworkSigns
 from detctx._cli.logs import read_curve
 from detctx._cli.plot_target import check_plot_path
 from detctx._cli.plotting import load_pyplot, plot
-from detctx._cli.signals import Stopped, forwarded_signals
+from detctx._cli.signals import Stopped, forwarded_signals, raise_pending
 from detctx._errors import DetctxError, MetricsError
 from detctx._seeds import DEFAULT_SEED, SEED_ENV, parse_seed, resolve_seed
 
@@ -207,7 +207,7 @@ def _doctor(args: argparse.Namespace) -> int:
     if args.probe:
         from detctx._cli import probe
 
-        return probe.main(args.device, args.json)
+        return probe.main(args.device, as_json=args.json)
     if args.device:
         raise ValueError("--device chooses the devices of --probe: add --probe")
     from detctx._doctor import diagnose
@@ -239,20 +239,23 @@ def _run(
     env = determinism_env(seed, os.environ)
     shown = " ".join(f"{name}={env[name]}" for name in determinism_variables())
     sys.stderr.write(f"detctx run: {args.runs} runs of {shlex.join(command)}\n  with {shown}\n")
+    logs = [log_file(args.log_dir, index) for index in range(1, args.runs + 1)]
     tracing = None
     if args.locate:
         from detctx._cli.locate import Tracing
 
         tracing = Tracing.start(args.log_dir)
+        tracing.check(args.runs)
     curves = []
     for index in range(1, args.runs + 1):
+        raise_pending()
         signs = FrameworkSigns()
         curve = run_command(
             command,
             env if tracing is None else tracing.env_for(index, env),
             pattern,
             f"run {index}",
-            log_path=log_file(args.log_dir, index),
+            log_path=logs[index - 1],
             echo=args.verbose,
             watch=signs.feed,
         )
@@ -276,7 +279,7 @@ def _metric_name(args: argparse.Namespace) -> str:
     return "training loss" if args.pattern is None else "metric"
 
 
-def _report(comparison: Comparison, plot_path: Path | None, what: str) -> int:
+def _report(comparison: CurveComparison, plot_path: Path | None, what: str) -> int:
     print(describe(comparison))
     verdict = AGREE if comparison.agree else DIFFER
     if plot_path is not None:

@@ -12,14 +12,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from detctx._cli.curves import Comparison, Curve, compare, digits_text, printed_digits
+from detctx._cli.curves import Curve, CurveComparison, compare, digits_text, printed_digits
 from detctx._cli.plot_target import plot_format
 from detctx._errors import MissingDependencyError
 
 __all__ = ["load_pyplot", "plot", "title"]
 
 
-def plot(comparison: Comparison, path: str | Path, what: str = "metric") -> None:
+def plot(comparison: CurveComparison, path: str | Path, what: str = "metric") -> None:
     """Write a picture of ``comparison``; the suffix of ``path`` names the format.
 
     Needs matplotlib (``pip install 'detctx[plot]'``); raises
@@ -74,7 +74,7 @@ def plot(comparison: Comparison, path: str | Path, what: str = "metric") -> None
         pyplot.close(figure)
 
 
-def title(comparison: Comparison, what: str = "metric") -> str:
+def title(comparison: CurveComparison, what: str = "metric") -> str:
     """The outcome in words: which runs agree with the first, where each other one parts."""
     curves = comparison.curves
     by_step = _by_step(curves)
