@@ -18,9 +18,10 @@ what the test runs. The line before an example's fence may say how to run it:
   run here. These are the only examples skipped, each with its reason.
 
 An example without a marker is a complete script. The examples run in one
-process per kind (plain, repeated, lightning, transformers, torchrun, pytest),
-each in its own namespace from a fresh RNG state (``doc_example_runner.py``),
-so that torch and each framework are imported once per group.
+process per kind (plain, repeated, lightning, transformers, pytest; one
+torchrun launch per distributed example), each in its own namespace from a
+fresh RNG state (``doc_example_runner.py``), so that torch and each framework
+are imported once per group.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -129,7 +131,10 @@ SKIPPED = [e for e in EXAMPLES if e.needs is not None and not available(e.needs)
 GROUPS: dict[str, list[Example]] = {}
 for _one in EXAMPLES:
     if _one not in SKIPPED:
-        GROUPS.setdefault(_one.kind, []).append(_one)
+        # A second init_process_group under the same torchrun can meet the first
+        # group's keys in torchrun's store and wait forever: one launch each.
+        key = f"torchrun {_one.name}" if _one.kind == "torchrun" else _one.kind
+        GROUPS.setdefault(key, []).append(_one)
 
 
 def _run(group: list[Example], folder: Path) -> dict[str, dict[str, str | None]]:
@@ -158,14 +163,25 @@ def _run(group: list[Example], folder: Path) -> dict[str, dict[str, str | None]]
 
 
 def _child(command: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run ``command``; after 300 s its whole process group (torchrun's ranks too) is killed."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(TESTS), env.get("PYTHONPATH", "")])
+    child = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+        env=env,
+        start_new_session=True,
+    )
     try:
-        return subprocess.run(
-            command, capture_output=True, text=True, timeout=300, cwd=cwd, env=env
-        )
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"{' '.join(command)} ran for 300 s\n{exc.stdout!r}\n{exc.stderr!r}")
+        out, err = child.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        out, err = child.communicate()
+        pytest.fail(f"{' '.join(command)} ran for 300 s\n{out}\n{err}")
+    return subprocess.CompletedProcess(command, child.returncode, out, err)
 
 
 def _pytest(group: list[Example], folder: Path) -> None:
