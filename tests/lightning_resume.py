@@ -1,14 +1,16 @@
-"""A Lightning fit that checkpoints in the middle of an epoch and resumes, for the resume tests.
+"""Lightning fits that checkpoint in the middle of an epoch and resume, for the resume tests.
 
-``python tests/lightning_resume.py WORKERS MODE OUT [--resume STEP]``: fits 3
-epochs of 5 batches (a resumable loader over a dataset with random
-augmentation, dropout in the model, a validation that draws) under
-``DeterministicCallback`` and writes the training losses and final weights
-to ``OUT``. ``MODE`` is where checkpoints are saved, in ``OUT``'s folder:
-``steps`` every 3 training steps (``ModelCheckpoint(every_n_train_steps=3)``),
-``validation`` at the end of each validation, which runs after the third
-batch of every epoch. ``--resume STEP`` resumes from the checkpoint saved at
-global step ``STEP``.
+``python tests/lightning_resume.py FOLDER RUN CASE...``, ``RUN`` being
+``straight`` or ``resumed``, ``CASE`` being ``MODE-WORKERS``: fits 3 epochs
+of 5 batches (a resumable loader over a dataset with random augmentation,
+dropout in the model, a validation that draws) under
+``DeterministicCallback``, in ``FOLDER/CASE``, and writes the training losses
+and final weights to ``FOLDER/CASE/RUN.pt``. ``MODE`` is where checkpoints
+are saved: ``steps`` every 3 training steps
+(``ModelCheckpoint(every_n_train_steps=3)``), ``validation`` at the end of
+each validation, which runs after the third batch of every epoch. The
+resumed run starts from the checkpoint of step 6 (``steps``) or 8
+(``validation``): in the middle of the second epoch.
 """
 
 from __future__ import annotations
@@ -76,8 +78,11 @@ class Model(pl.LightningModule):  # type: ignore[misc]
         return torch.utils.data.DataLoader(NoisyPoints(), batch_size=10)
 
 
-def fit(workers: int, mode: str, out: Path, resume: int | None) -> None:
-    folder = out.parent
+RESUME_AT = {"steps": 6, "validation": 8}
+
+
+def fit(workers: int, mode: str, folder: Path, resume: bool) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
     if mode == "steps":
         saver = pl.callbacks.ModelCheckpoint(
             dirpath=folder, filename="{step}", every_n_train_steps=3, save_top_k=-1
@@ -101,21 +106,21 @@ def fit(workers: int, mode: str, out: Path, resume: int | None) -> None:
         callbacks=[DeterministicCallback(seed=7), saver],
         **schedule,
     )
-    checkpoint = None if resume is None else str(folder / f"step={resume}.ckpt")
+    checkpoint = str(folder / f"step={RESUME_AT[mode]}.ckpt") if resume else None
     trainer.fit(model, ckpt_path=checkpoint)
-    torch.save(
-        {"losses": model.losses, "weights": [p.detach() for p in model.parameters()]}, out
-    )
+    result = {"losses": model.losses, "weights": [p.detach() for p in model.parameters()]}
+    torch.save(result, folder / ("resumed.pt" if resume else "straight.pt"))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("workers", type=int)
-    parser.add_argument("mode", choices=["steps", "validation"])
-    parser.add_argument("out", type=Path)
-    parser.add_argument("--resume", type=int)
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("run", choices=["straight", "resumed"])
+    parser.add_argument("cases", nargs="+")
     options = parser.parse_args()
-    fit(options.workers, options.mode, options.out, options.resume)
+    for case in options.cases:
+        mode, workers = case.split("-")
+        fit(int(workers), mode, options.folder / case, options.run == "resumed")
 
 
 if __name__ == "__main__":

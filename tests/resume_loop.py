@@ -1,14 +1,15 @@
-"""A small training loop that stops in the middle of an epoch and resumes, for the resume tests.
+"""A small training loop that checkpoints in the middle of an epoch, for the resume tests.
 
-Run as ``python tests/resume_loop.py WORKERS STEPS OUT [--save-at N] [--resume]
-[--world 2]``: trains ``STEPS`` steps in total (from the checkpoint's step
-when resuming) and writes each rank's losses and final weights to
-``OUT.rank<r>``; ``--save-at N`` writes each rank's checkpoint after step
-``N`` to ``OUT.rank<r>.ckpt`` and stops there; ``--resume`` continues from
-those. The dataset draws from torch, NumPy and Python in ``__getitem__``, the
-model has dropout, and the loader shuffles. With ``--world 2`` two forked
-ranks train one DDP model in a gloo group, each on its half of the data with
-its own streams (``per_rank=True``), and each saves and resumes its own state.
+``python tests/resume_loop.py WORKERS STEPS OUT [--save-at N | --resume]
+[--world 2]`` trains ``STEPS`` steps in total and writes each rank's losses
+and final weights to ``OUT.rank<r>``. ``--save-at N`` also writes each
+rank's checkpoint after step ``N`` to ``OUT.rank<r>.ckpt`` (model,
+optimiser, step and ``detctx.resume_state(loader)``) and trains on;
+``--resume`` starts from that checkpoint instead. The dataset draws from
+torch, NumPy and Python in ``__getitem__``, the model has dropout, and the
+loader shuffles. With ``--world 2`` two forked ranks train one DDP model in
+a gloo group, each on its half of the data with its own streams
+(``per_rank=True``), and each saves and resumes its own state.
 """
 
 from __future__ import annotations
@@ -49,8 +50,9 @@ def batches(loader: Any) -> Iterator[Any]:
 
 
 def train(
-    workers: int, steps: int, save_at: int | None, resume: str | None, rank: int, world: int
+    workers: int, steps: int, save_at: int | None, checkpoint_path: str, resume: bool, world: int
 ) -> dict[str, Any]:
+    rank = torch.distributed.get_rank() if world > 1 else 0
     with detctx.distributed_deterministic(seed=1234, per_rank=True):
         with detctx.deterministic(seed=0):  # the same initial weights on every rank
             model: torch.nn.Module = torch.nn.Sequential(
@@ -64,30 +66,27 @@ def train(
             shard, batch_size=6 // world, shuffle=True, num_workers=workers
         )
         start = 0
-        if resume is not None:
-            checkpoint = torch.load(resume, weights_only=True)
+        if resume:
+            checkpoint = torch.load(checkpoint_path, weights_only=True)
             model.load_state_dict(checkpoint["model"])
             optimizer.load_state_dict(checkpoint["optimizer"])
             start = checkpoint["step"]
             detctx.resume(checkpoint["detctx"], loader)
         losses = []
-        stop = steps if save_at is None else save_at
-        for step, (x, y) in zip(range(start, stop), batches(loader)):
+        for step, (x, y) in zip(range(start, steps), batches(loader)):
             optimizer.zero_grad()
             loss = torch.nn.functional.mse_loss(model(x), y)
             loss.backward()
             optimizer.step()
             losses.append(loss.item())
             if step + 1 == save_at:
-                return {
-                    "losses": losses,
-                    "checkpoint": {
-                        "model": model.state_dict(),
-                        "optimizer": optimizer.state_dict(),
-                        "step": step + 1,
-                        "detctx": detctx.resume_state(loader),
-                    },
+                checkpoint = {
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "step": step + 1,
+                    "detctx": detctx.resume_state(loader),
                 }
+                torch.save(checkpoint, checkpoint_path)
         return {"losses": losses, "weights": [p.detach().clone() for p in model.parameters()]}
 
 
@@ -99,15 +98,13 @@ def run_rank(options: argparse.Namespace, rank: int, port: int) -> None:
             "gloo", store=store, rank=rank, world_size=options.world
         )
     try:
-        resume = out + ".ckpt" if options.resume else None
         result = train(
-            options.workers, options.steps, options.save_at, resume, rank, options.world
+            options.workers, options.steps, options.save_at, out + ".ckpt", options.resume,
+            options.world,
         )
     finally:
         if options.world > 1:
             torch.distributed.destroy_process_group()
-    if "checkpoint" in result:
-        torch.save(result.pop("checkpoint"), out + ".ckpt")
     torch.save(result, out)
 
 
