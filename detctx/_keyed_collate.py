@@ -45,7 +45,8 @@ class KeyedCollate:
         words = [self.seed, -1 if self.epoch is None else self.epoch]
         digest = content_digest(features)
         words += [int.from_bytes(digest[i : i + 4], "little") for i in range(0, len(digest), 4)]
-        seed = int(np.random.SeedSequence([word & 0xFFFFFFFF for word in words]).generate_state(1)[0])
+        sequence = np.random.SeedSequence([word & 0xFFFFFFFF for word in words])
+        seed = int(sequence.generate_state(1)[0])
         sources = list(registered_sources())
         saved = Snapshot.capture(sources)
         try:

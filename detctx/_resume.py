@@ -173,7 +173,8 @@ def resume(state: Mapping[str, Any], *loaders: Any, strict: bool = True) -> None
 
 
 def _check_stateful(loader: Any) -> None:
-    if not (callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None))):
+    methods = (getattr(loader, "state_dict", None), getattr(loader, "load_state_dict", None))
+    if not all(callable(method) for method in methods):
         raise TypeError(
             f"{type(loader).__name__} has no state_dict/load_state_dict, so its position cannot be "
             "saved: build it with detctx.resumable_loader(dataset, ...)"
@@ -188,7 +189,7 @@ def _class() -> type[Any]:
 
 
 def _build_class(base: Any) -> type[Any]:
-    class ResumableLoader(base):  # type: ignore[misc,valid-type]
+    class ResumableLoader(base):  # type: ignore[misc]
         """A ``torchdata`` ``StatefulDataLoader`` that resumes bit for bit: see
         ``detctx.resumable_loader``."""
 

@@ -71,7 +71,8 @@ class WorkerStreams(torch.utils.data.Dataset[Any]):
 
     def state_dict(self) -> dict[str, Any]:
         """The wrapped dataset's state and, in a worker, the worker's RNG states."""
-        inner = self.dataset.state_dict() if callable(getattr(self.dataset, "state_dict", None)) else None
+        saver = getattr(self.dataset, "state_dict", None)
+        inner = saver() if callable(saver) else None
         streams = None
         if torch.utils.data.get_worker_info() is not None:
             streams = Snapshot.capture(list(registered_sources())).state_dict()

@@ -8,9 +8,11 @@ dropout in the model, a validation that draws) under
 and final weights to ``FOLDER/CASE/RUN.pt``. ``MODE`` is where checkpoints
 are saved: ``steps`` every 3 training steps
 (``ModelCheckpoint(every_n_train_steps=3)``), ``validation`` at the end of
-each validation, which runs after the third batch of every epoch. The
-resumed run starts from the checkpoint of step 6 (``steps``) or 8
-(``validation``): in the middle of the second epoch.
+each validation, which runs after the third batch of every epoch,
+``epoch_validation`` at the end of each validation, which runs at the end of
+every epoch. The resumed run starts from the checkpoint of step 6
+(``steps``) or 8 (``validation``), in the middle of the second epoch, or 5
+(``epoch_validation``), saved in ``on_validation_end`` after the first.
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ class Model(pl.LightningModule):  # type: ignore[misc]
         return torch.utils.data.DataLoader(NoisyPoints(), batch_size=10)
 
 
-RESUME_AT = {"steps": 6, "validation": 8}
+RESUME_AT = {"steps": 6, "validation": 8, "epoch_validation": 5}
 
 
 def fit(workers: int, mode: str, folder: Path, resume: bool) -> None:
@@ -90,10 +92,15 @@ def fit(workers: int, mode: str, folder: Path, resume: bool) -> None:
         schedule: dict[str, Any] = {"limit_val_batches": 0}
     else:
         saver = pl.callbacks.ModelCheckpoint(
-            dirpath=folder, filename="{step}", monitor="val_loss", save_top_k=-1,
+            dirpath=folder,
+            filename="{step}",
+            monitor="val_loss",
+            save_top_k=-1,
             save_on_train_epoch_end=False,
         )
-        schedule = {"val_check_interval": 3, "num_sanity_val_steps": 0}
+        schedule = {"num_sanity_val_steps": 0}
+        if mode == "validation":
+            schedule["val_check_interval"] = 3
     with detctx.deterministic(seed=0):
         model = Model(workers)
     trainer = pl.Trainer(

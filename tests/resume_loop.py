@@ -99,7 +99,11 @@ def run_rank(options: argparse.Namespace, rank: int, port: int) -> None:
         )
     try:
         result = train(
-            options.workers, options.steps, options.save_at, out + ".ckpt", options.resume,
+            options.workers,
+            options.steps,
+            options.save_at,
+            out + ".ckpt",
+            options.resume,
             options.world,
         )
     finally:

@@ -1,4 +1,4 @@
-"""Resume anywhere in your own loop: a checkpoint in the middle of an epoch continues bit for bit."""
+"""Resume anywhere in your own loop: a checkpoint in the middle of an epoch continues exactly."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import torch
 from conftest import ROOT, TESTS, run_python
-from resume_loop import train
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from resume_loop import train
 
 import detctx
 from detctx import CheckpointError
@@ -28,7 +28,10 @@ def run_loop(out: Path, workers: int, *options: str) -> None:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(TESTS)]), OMP_NUM_THREADS="1")
     proc = subprocess.run(
         [sys.executable, str(TESTS / "resume_loop.py"), str(workers), "11", str(out), *options],
-        capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        env=env,
     )
     assert proc.returncode == 0, f"the loop failed:\n{proc.stdout}\n{proc.stderr}"
 
@@ -44,9 +47,9 @@ def straight_and_resumed(tmp_path: Path, workers: int, world: int) -> list[tuple
         checkpoint = tmp_path / f"straight.rank{rank}.ckpt"
         (tmp_path / f"resumed.rank{rank}.ckpt").write_bytes(checkpoint.read_bytes())
     run_loop(tmp_path / "resumed", workers, "--resume", "--world", str(world))
+    runs = ("straight", "resumed")
     return [
-        (torch.load(tmp_path / f"straight.rank{rank}"), torch.load(tmp_path / f"resumed.rank{rank}"))
-        for rank in range(world)
+        tuple(torch.load(tmp_path / f"{run}.rank{rank}") for run in runs) for rank in range(world)
     ]
 
 
@@ -102,8 +105,9 @@ def test_after_a_resume_the_next_epochs_shuffle_as_in_the_straight_run() -> None
     from torchdata.stateful_dataloader import StatefulDataLoader
 
     def plain() -> Any:
-        return StatefulDataLoader(Shuffled(8), batch_size=2, shuffle=True,
-                                  generator=torch.Generator().manual_seed(0))
+        return StatefulDataLoader(
+            Shuffled(8), batch_size=2, shuffle=True, generator=torch.Generator().manual_seed(0)
+        )
 
     def resumable() -> Any:
         return detctx.resumable_loader(Shuffled(8), batch_size=2, shuffle=True, seed=0)
@@ -206,3 +210,32 @@ def test_without_torchdata_the_error_names_the_extra() -> None:
         """
     )
     assert "pip install 'detctx[resume]'" in out
+
+
+def test_a_keyed_collator_draws_by_batch_and_leaves_the_callers_streams_alone() -> None:
+    from detctx.integrations.transformers import DeterministicCallback
+
+    def mask(features: list[list[int]]) -> torch.Tensor:
+        return torch.bernoulli(torch.full((len(features), len(features[0])), 0.5))
+
+    collate = torch.utils.data.DataLoader([[1, 2, 3]] * 4, batch_size=2, collate_fn=mask)
+    callback = DeterministicCallback()
+
+    class Arguments:
+        seed, dataloader_persistent_workers = 7, False
+
+    callback.on_train_begin(Arguments(), None, None, train_dataloader=collate)
+    keyed = collate.collate_fn
+    before = detctx.fingerprint()
+    first, again = keyed([[1, 2, 3]] * 4), keyed([[1, 2, 3]] * 4)
+    other = keyed([[1, 2, 4]] * 4)
+    assert detctx.fingerprint() == before
+    assert torch.equal(first, again) and not torch.equal(first, other)
+
+    unchanged = torch.utils.data.DataLoader([[1]], collate_fn=mask)
+    DeterministicCallback(resumable=False).on_train_begin(
+        Arguments(), None, None, train_dataloader=unchanged
+    )
+    assert unchanged.collate_fn is mask
+    with pytest.raises(TypeError, match="resumable must be True or False"):
+        DeterministicCallback(resumable="yes")  # type: ignore[arg-type]

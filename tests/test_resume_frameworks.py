@@ -21,7 +21,10 @@ def run_script(script: str, *arguments: str) -> None:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(TESTS)]), OMP_NUM_THREADS="1")
     proc = subprocess.run(
         [sys.executable, str(TESTS / script), *arguments],
-        capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        env=env,
     )
     assert proc.returncode == 0, f"{script} failed:\n{proc.stdout}\n{proc.stderr}"
 
@@ -32,11 +35,13 @@ def test_lightning_fits_resumed_from_a_mid_epoch_or_a_validation_checkpoint_cont
     pytest.importorskip("lightning")
     # ModelCheckpoint(every_n_train_steps=3) at step 6, with 0 and 2 loader workers,
     # and a checkpoint saved at the end of the validation that runs after the third
-    # batch of each epoch (step 8): both in the middle of the second of 3 epochs.
-    cases = ["steps-0", "steps-2", "validation-0"]
+    # batch of each epoch (step 8): both in the middle of the second of 3 epochs. And
+    # one saved in on_validation_end after the first epoch (step 5), which Lightning
+    # records as not yet past the epoch's end.
+    cases = ["steps-0", "steps-2", "validation-0", "epoch_validation-2"]
     run_script("lightning_resume.py", str(tmp_path), "straight", *cases)
     run_script("lightning_resume.py", str(tmp_path), "resumed", *cases)
-    for case, steps_left in zip(cases, [9, 9, 7]):
+    for case, steps_left in zip(cases, [9, 9, 7, 10]):
         straight = torch.load(tmp_path / case / "straight.pt")
         resumed = torch.load(tmp_path / case / "resumed.pt")
         assert len(straight["losses"]) == 15, case

@@ -23,7 +23,6 @@ from tiny_masked_lm import make_datasets, make_tokenizer, make_trainer
 
 from detctx.integrations.transformers import DeterministicCallback
 
-
 RESUME_AT = 10
 
 
