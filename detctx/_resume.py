@@ -31,6 +31,7 @@ loader leaves for bit-exact resumption:
 from __future__ import annotations
 
 import importlib
+import warnings
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -104,7 +105,13 @@ def resumable_loader(dataset: Any, *args: Any, seed: int | None = None, **kwargs
         raise TypeError("pass either seed= or generator= to resumable_loader, not both")
     if kwargs.get("worker_init_fn") is None:
         kwargs["worker_init_fn"] = seed_worker
-    return _class()(streams, *args, **kwargs)
+    loader_class = _class()
+    with warnings.catch_warnings():
+        # torchdata 0.11 calls torch.set_vital on every construction, which torch 2.13
+        # deprecates: python -W error -c "from torchdata.stateful_dataloader import
+        # StatefulDataLoader as L; L([1])"   (UserWarning: 'set_vital' is deprecated)
+        warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
+        return loader_class(streams, *args, **kwargs)
 
 
 def resume_state(*loaders: Any) -> dict[str, Any]:
@@ -265,4 +272,5 @@ def _build_class(base: Any) -> type[Any]:
                 self._generator_at_start = self.generator.get_state()
 
     ResumableLoader.__module__ = "detctx"
+    ResumableLoader.__qualname__ = "ResumableLoader"
     return ResumableLoader
