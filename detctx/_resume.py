@@ -271,6 +271,6 @@ def _build_class(base: Any) -> type[Any]:
             if self.generator is not None:
                 self._generator_at_start = self.generator.get_state()
 
-    ResumableLoader.__module__ = "detctx"
+    ResumableLoader.__module__ = __name__
     ResumableLoader.__qualname__ = "ResumableLoader"
     return ResumableLoader
