@@ -10,7 +10,7 @@ writes no trace, and that is reported, not guessed around. The traces are
 kept as ``runN.trace`` in ``--log-dir`` when given, else in a temporary
 folder removed afterwards; they are read back as untrusted input. In
 ``--log-dir`` the shim gets a folder of its own that detctx creates
-(``detctx-site-XXXXXXXX``), and only what detctx put there is removed (see
+(``detctx-site-`` and eight random characters), and only what detctx put there is removed (see
 :mod:`detctx._cli.paths`).
 
 Nothing here imports torch before the runs: ``detctx run`` keeps torch out of
