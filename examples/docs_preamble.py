@@ -41,6 +41,7 @@ x = torch.randn(8, 4, generator=torch.Generator().manual_seed(0))
 batch = x
 inputs = (x,)
 steps = 3
+step = 1000  # the step a checkpoint is taken at
 prompt = "a prompt"
 path = "checkpoint.pt"
 tp_rank, pp_rank, dp_rank = 0, 0, 0
@@ -83,7 +84,7 @@ def train_step(batch: torch.Tensor = x) -> torch.Tensor:
     return loss
 
 
-step = model_step = train_step
+model_step = train_step
 
 
 def build_my_op(device: str, large: bool) -> object:
