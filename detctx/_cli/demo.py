@@ -74,7 +74,6 @@ def _evaluate(model: nn.Module, held_out: NoisyPoints) -> float:
 def train(*, seeded_loader: bool, scoped_eval: bool) -> list[float]:
     """Train for :data:`STEPS` steps under the current RNG state; the training losses."""
     model = _model()
-    optimiser = torch.optim.SGD(model.parameters(), lr=0.1)
     loader = DataLoader(
         NoisyPoints(8 * STEPS),
         batch_size=8,
@@ -88,9 +87,9 @@ def train(*, seeded_loader: bool, scoped_eval: bool) -> list[float]:
     while len(losses) < STEPS:
         for x, y in loader:
             loss = nn.functional.cross_entropy(model(x), y)
-            optimiser.zero_grad()
+            model.zero_grad()
             loss.backward()  # type: ignore[no-untyped-call]
-            optimiser.step()
+            _sgd_step(model, 0.1)
             losses.append(float(loss.detach()))
             if len(losses) % EVAL_EVERY == 0:
                 if scoped_eval:
@@ -101,6 +100,17 @@ def train(*, seeded_loader: bool, scoped_eval: bool) -> list[float]:
             if len(losses) == STEPS:
                 break
     return losses
+
+
+def _sgd_step(model: nn.Module, lr: float) -> None:
+    """Plain SGD, written out: building a ``torch.optim`` optimiser imports
+    ``torch._dynamo``, which costs the demo about a second to start and more to exit
+    (torch 2.13: ``python -X importtime -c "import torch;
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)"``)."""
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.grad is not None:
+                parameter.add_(parameter.grad, alpha=-lr)
 
 
 def _unseeded() -> list[float]:
