@@ -6,8 +6,17 @@ through the same device-module lookup it uses for CUDA.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
-from conftest import run_python
+from conftest import HIDE_CUDA
+from conftest import run_python as run_in_child
+
+
+def run_python(code: str, **options: Any) -> str:
+    """A child with CUDA hidden: the simulated NPU is its only accelerator (on a GPU machine,
+    CUDA's own lazy seeding would add to the calls and traces these tests count)."""
+    return run_in_child(code, env={**HIDE_CUDA, **options.pop("env", {})}, **options)
 
 
 def test_two_simulated_npus_are_seeded_captured_and_restored() -> None:
