@@ -25,15 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
-# Environment variables a deterministic block sets (the core's switches).
-DETERMINISM_ENV = (
-    "PYTHONHASHSEED",
-    "CUBLAS_WORKSPACE_CONFIG",
-    "HCCL_DETERMINISTIC",
-    "CLOSE_MATMUL_K_SHIFT",
-    "FLASH_ATTENTION_DETERMINISTIC",
-    "TORCHINDUCTOR_DETERMINISTIC",
-)
+from detctx import _inductor as inductor
+from detctx._switches import env_switches
 
 
 @dataclass(frozen=True)
@@ -227,7 +220,13 @@ def preserved_process_state() -> Iterator[None]:
         torch.backends.cudnn.deterministic,
         torch.backends.cudnn.benchmark,
     )
-    watched = (*DETERMINISM_ENV, "PL_GLOBAL_SEED", "PL_SEED_WORKERS")
+    # The variables a block sets, read from the switch table, and Lightning's.
+    watched = (
+        *(switch.variable for switch in env_switches()),
+        inductor.VARIABLE,
+        "PL_GLOBAL_SEED",
+        "PL_SEED_WORKERS",
+    )
     env = {name: os.environ.get(name) for name in watched}
     try:
         yield

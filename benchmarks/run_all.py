@@ -31,7 +31,7 @@ SCENARIOS = {
     "import": "benchmarks.s6_import",
     "devices": "benchmarks.devices",
     "numpy_floor": "benchmarks.numpy_floor",
-    "cuda": "benchmarks.cuda",
+    "cuda": "benchmarks.cuda_devices",
     "first_block": "benchmarks.s7_first_block",
     "pytest_startup": "benchmarks.s8_pytest_startup",
     "locate": "benchmarks.s9_locate",

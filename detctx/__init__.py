@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from detctx._probe import PROBE_OPS, ProbeOp, ProbeReport, ProbeRow, run_probe
     from detctx._region import DeterministicRegion, deterministic_region
     from detctx._reproducible import check_gradients, check_reproducible
+    from detctx._resume import resumable_loader, resume, resume_state
     from detctx._seeds import DEFAULT_SEED, SEED_ENV, derive_seed, group_seed
     from detctx._settings import Seeding
     from detctx._snapshot import Snapshot, capture, fingerprint, restore
@@ -98,6 +99,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "detctx._state_dict": ("PlainStateSource",),
     "detctx._switches": ("EnvSwitchOptions", "SwitchOptions"),
     "detctx._reproducible": ("check_gradients", "check_reproducible"),
+    "detctx._resume": ("resumable_loader", "resume", "resume_state"),
 }
 
 # Earlier names, kept working: ``Run`` is now ``Seeding`` (what an entry applied;
@@ -163,6 +165,9 @@ __all__ = [
     "register_accelerator",
     "register_source",
     "restore",
+    "resumable_loader",
+    "resume",
+    "resume_state",
     "run_probe",
     "seed_all",
     "seed_worker",

@@ -31,11 +31,14 @@ import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
-from detctx._errors import DeterminismWarning
+from detctx import _plain as plain
+from detctx import _state_checks as checks
+from detctx._errors import CheckpointError, DeterminismWarning
+from detctx._lazy_queue import QueuedEntry, QueueMark
 
 __all__ = [
     "AcceleratorSource",
@@ -187,88 +190,6 @@ def _available(module: Any) -> bool:
         return False
 
 
-@dataclass(frozen=True)
-class _QueueMark:
-    """Where a device module's private lazy queue stood at one moment."""
-
-    calls: list[Any]
-    length: int
-    last: object
-    tracker: Any
-    tracker_fields: dict[str, Any] | None
-
-    @classmethod
-    def take(cls, module: Any) -> _QueueMark | None:
-        calls = getattr(module, "_queued_calls", None)
-        if not isinstance(calls, list):
-            return None
-        tracker = getattr(module, "_lazy_seed_tracker", None)
-        fields = None
-        if tracker is not None:
-            fields = {k: list(v) if isinstance(v, list) else v for k, v in vars(tracker).items()}
-        return cls(calls, len(calls), calls[-1] if calls else None, tracker, fields)
-
-    def same_as(self, other: _QueueMark | None) -> bool:
-        """Whether nothing was queued between the two marks."""
-        if other is None or other.calls is not self.calls or other.length != self.length:
-            return False
-        if other.last is not self.last:
-            return False
-        if self.tracker_fields is None or other.tracker_fields is None:
-            return self.tracker_fields is other.tracker_fields
-        return all(
-            other.tracker_fields.get(k) is v or other.tracker_fields.get(k) == v
-            for k, v in self.tracker_fields.items()
-        )
-
-    def added_by(self, later: _QueueMark) -> _QueuedEntry | None:
-        """What one lazy call added between this mark and ``later``, if it can be told."""
-        if later.calls is not self.calls or not self._prefix_intact():
-            return None
-        appended = tuple(later.calls[self.length : later.length])
-        seed_all = None
-        if later.tracker_fields is not None and self.tracker_fields is not None:
-            seed_all = later.tracker_fields.get("manual_seed_all_cb")
-            if seed_all is self.tracker_fields.get("manual_seed_all_cb"):
-                seed_all = None
-        if not appended and seed_all is None:
-            return None
-        return _QueuedEntry(appended, seed_all)
-
-    def _prefix_intact(self) -> bool:
-        """Whether the queue still holds what it held at this mark (maybe more after it)."""
-        calls, length = self.calls, self.length
-        return len(calls) >= length and (not length or calls[length - 1] is self.last)
-
-    def append(self, entry: _QueuedEntry) -> bool:
-        """Re-queue what one earlier lazy call queued; False if that cannot be done."""
-        queue_seed_all = getattr(self.tracker, "queue_seed_all", None)
-        if entry.seed_all is not None and queue_seed_all is None:
-            return False
-        self.calls.extend(entry.appended)
-        if entry.seed_all is not None and queue_seed_all is not None:
-            queue_seed_all(*entry.seed_all)
-        return True
-
-    def rewind(self) -> bool:
-        """Drop everything queued since this mark; False if the queue's past changed."""
-        if not self._prefix_intact():
-            return False
-        del self.calls[self.length :]
-        if self.tracker is not None and self.tracker_fields is not None:
-            for key, value in self.tracker_fields.items():
-                setattr(self.tracker, key, list(value) if isinstance(value, list) else value)
-        return True
-
-
-@dataclass(frozen=True)
-class _QueuedEntry:
-    """The queue entries one lazy ``manual_seed_all`` call made."""
-
-    appended: tuple[Any, ...]
-    seed_all: Any
-
-
 _REMEMBERED_SEEDS = 16
 
 
@@ -281,11 +202,22 @@ class Uninitialised:
     """
 
     seed_before: int
-    mark: _QueueMark | None
+    mark: QueueMark | None
 
 
 class AcceleratorSource:
-    """All devices of one accelerator type, as one RNG source."""
+    """All devices of one accelerator type, as one RNG source.
+
+    Checkpoint forms: ``"accelerator"``, one state tensor per device; and
+    ``"accelerator-uninitialised"``, the seed that was pending for a device
+    type the program had not used (the lazy queue it was read from belongs
+    to the process, so restoring re-queues the seed instead of rewinding a
+    queue).
+    """
+
+    checkpoint_kinds: ClassVar[frozenset[str]] = frozenset(
+        {"accelerator", "accelerator-uninitialised"}
+    )
 
     def __init__(self, device_type: str, module: Any) -> None:
         self.device_type = device_type
@@ -296,9 +228,9 @@ class AcceleratorSource:
         )
         self._indexed = _takes_device_argument(module.get_rng_state)
         # The queue mark right after this source's own last lazy seed, and that seed.
-        self._queued: tuple[_QueueMark | None, int] | None = None
+        self._queued: tuple[QueueMark | None, int] | None = None
         # What a lazy seed call added to the queue, by seed, to re-append without a new call.
-        self._entries: dict[int, _QueuedEntry] = {}
+        self._entries: dict[int, QueuedEntry] = {}
 
     def is_initialized(self) -> bool:
         """Whether the device type has been initialised in this process."""
@@ -315,7 +247,7 @@ class AcceleratorSource:
     def capture(self) -> Any:
         if not self.is_initialized():
             return Uninitialised(
-                torch.default_generator.initial_seed(), _QueueMark.take(self.module)
+                torch.default_generator.initial_seed(), QueueMark.take(self.module)
             )
         get = self.module.get_rng_state
         if not self._indexed:
@@ -351,6 +283,30 @@ class AcceleratorSource:
         else:
             self._lazy_seed(seed)
 
+    def to_checkpoint(self, state: Any) -> tuple[str, Any]:
+        if isinstance(state, Uninitialised):
+            return "accelerator-uninitialised", {"seed_before": int(state.seed_before)}
+        return "accelerator", {"devices": [device_state.clone() for device_state in state]}
+
+    def from_checkpoint(self, kind: str, stored: Any) -> Any:
+        if kind == "accelerator-uninitialised":
+            seed_before = stored["seed_before"]
+            checks.check_pending_seed(seed_before)
+            return Uninitialised(seed_before, None)
+        devices = stored["devices"]
+        if not isinstance(devices, list) or not devices:
+            raise TypeError("devices must be a non-empty list of state tensors")
+        present = self.state_count()
+        if len(devices) != present:
+            raise CheckpointError(
+                f"the RNG state dict holds states for {len(devices)} {self.device_type} "
+                f"devices, this process sees {present}: restore on the same number of devices "
+                "(or make the same devices visible)"
+            )
+        states = tuple(plain.tensor(device_state, torch.uint8).clone() for device_state in devices)
+        checks.check_accelerator(states, self.capture() if self.is_initialized() else None)
+        return states
+
     def _lazy_seed(self, seed: int) -> None:
         """Queue ``seed`` for initialisation, paying for a lazy call only when needed.
 
@@ -360,17 +316,17 @@ class AcceleratorSource:
         a seed queued before (then taken back out on a block's exit) is put
         back by re-appending the entry that call made, not by a new call.
         """
-        before = _QueueMark.take(self.module)
+        before = QueueMark.take(self.module)
         if self._queued is not None:
             mark, queued_seed = self._queued
             if queued_seed == seed and mark is not None and mark.same_as(before):
                 return
         entry = self._entries.get(seed)
         if before is not None and entry is not None and before.append(entry):
-            self._queued = (_QueueMark.take(self.module), seed)
+            self._queued = (QueueMark.take(self.module), seed)
             return
         self._seed_all(seed)
-        after = _QueueMark.take(self.module)
+        after = QueueMark.take(self.module)
         self._queued = (after, seed)
         if before is not None and after is not None:
             added = before.added_by(after)

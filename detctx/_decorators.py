@@ -19,11 +19,11 @@ from collections.abc import AsyncGenerator, Callable, Coroutine, Generator
 from types import TracebackType
 from typing import Any, Protocol
 
-from detctx import _blocks as frames
+from detctx import _blocks as blocks
 from detctx import _interrupts as interrupts
-from detctx._settings import Seeding, Settings
-from detctx._snapshot import Snapshot, active_sources
-from detctx._sources import RNGSource
+from detctx import _transaction as transaction
+from detctx._settings import Entry, Seeding, Settings
+from detctx._snapshot import Snapshot
 
 __all__ = ["Block", "decorate", "is_hypothesis_test"]
 
@@ -83,7 +83,7 @@ def _wrap_function(block: Block, func: Callable[..., Any]) -> Callable[..., Any]
 def _wrap_generator(block: Block, func: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Generator[Any, Any, Any]:
-        return (yield from _drive(_World(block), func(*args, **kwargs), True))
+        return (yield from _drive(_World(block), func(*args, **kwargs), returns_at_end=True))
 
     return wrapper
 
@@ -91,7 +91,7 @@ def _wrap_generator(block: Block, func: Callable[..., Any]) -> Callable[..., Any
 def _wrap_coroutine(block: Block, func: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(func)
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return await _Steps(_World(block), func(*args, **kwargs), True)
+        return await _Steps(_World(block), func(*args, **kwargs), returns_at_end=True)
 
     return wrapper
 
@@ -106,13 +106,13 @@ def _wrap_async_generator(block: Block, func: Callable[..., Any]) -> Callable[..
         step: Coroutine[Any, Any, Any] = inner.asend(None)
         while True:
             try:
-                item = await _Steps(world, step, False)
+                item = await _Steps(world, step, returns_at_end=False)
             except StopAsyncIteration:
                 return
             try:
                 sent = yield item
             except GeneratorExit:
-                await _Steps(world, inner.aclose(), True)
+                await _Steps(world, inner.aclose(), returns_at_end=True)
                 raise
             except BaseException as exc:
                 step = inner.athrow(exc)
@@ -163,63 +163,49 @@ class _World:
 
     Between steps it holds the body's snapshot and the ``with deterministic``
     blocks the body has open; during a step it holds the caller's snapshot.
-    A step holds the block lock, so a step and another thread's block never
+    Swapping in is a transaction that lasts until the swap out
+    (:mod:`detctx._transaction`), so a step and another thread's block never
     overlap; the body's own open blocks keep their lock holds only while the
     body runs, so a suspended generator blocks no other thread.
     """
 
-    __slots__ = ("_caller", "_parked", "_position", "_saved", "_settings", "_sources", "seeding")
+    __slots__ = ("_caller", "_parked", "_position", "_saved", "_settings", "seeding")
 
     def __init__(self, block: Block) -> None:
         self._settings = block.settings
         self._saved: Snapshot | None = None
         self._caller: Snapshot | None = None
-        self._sources: list[tuple[str, RNGSource]] = []
-        self._parked: frames.Parked | None = None
-        self._position: frames.Position | None = None
+        self._parked: blocks.Parked | None = None
+        self._position: blocks.Position | None = None
         self.seeding: Seeding | None = None
 
     @interrupts.edge
     def resume(self) -> None:
         """Save the caller's world and put the body's in (seeding it on the first step)."""
-        held = interrupts.hold()
-        opened = 0
-        try:
-            self._swap_in()
-            opened = 1
-            if held and interrupts.pending():
-                self.suspend(False)  # interrupted before the step: undone, then raised
-        finally:
-            interrupts.let_go(held, opened)
-
-    def _swap_in(self) -> None:
         saved = self._saved
-        seed = self._settings.resolve_seed() if saved is None else 0
-        frames.acquire()
-        try:
-            # Looked up on every step: a source registered between steps is the
-            # caller's and must be saved and put back for it.
-            sources = active_sources()
-            caller = Snapshot.capture(sources, switches=True)
-            try:
-                if saved is None:
-                    self.seeding = self._settings.apply(sources, seed, caller)
-                else:
-                    saved.restore(unchanged=caller)
-            except BaseException:
-                caller.restore()
-                raise
-        except BaseException:
-            frames.release()
-            raise
-        self._sources = sources
+        # Decided before the transaction: it may communicate (distributed), and changes nothing.
+        entry = self._settings.begin() if saved is None else None
+        # The sources are looked up on every step: a source registered between steps
+        # is the caller's and must be saved and put back for it.
+        transaction.change(
+            lambda caller: self._swap_in(caller, entry),
+            Snapshot.capture_everything,
+            lasts=transaction.Lasts.UNTIL_END,
+            undo=lambda _: self.suspend(finished=False),
+        )
+
+    def _swap_in(self, caller: Snapshot, entry: Entry | None) -> None:
+        if entry is not None:
+            self.seeding = self._settings.apply(entry, caller)
+        elif self._saved is not None:
+            self._saved.restore_each(unchanged=caller)
         self._caller = caller
-        self._position = frames.position()
+        self._position = blocks.position()
         if self._parked is not None:
-            frames.unpark(self._parked)
+            blocks.unpark(self._parked)
 
     @interrupts.edge
-    def suspend(self, finished: bool) -> None:
+    def suspend(self, *, finished: bool) -> None:
         """Save the body's world (unless ``finished``) and put the caller's back.
 
         Does nothing if the world is not swapped in (a resume that was interrupted).
@@ -227,22 +213,21 @@ class _World:
         caller, since = self._caller, self._position
         if caller is None or since is None:
             return
-        held = interrupts.hold()
         self._caller = self._position = None
-        try:
-            self._parked = frames.park(since)
+
+        def swap_out() -> None:
+            self._parked = blocks.park(since)
             saved = None
             try:
                 if not finished:
-                    saved = self._saved = Snapshot.capture(self._sources, switches=True)
+                    saved = self._saved = Snapshot.capture(caller.sources, switches=True)
             finally:
-                caller.restore(unchanged=saved)
-        finally:
-            frames.release()
-            interrupts.let_go(held, -1)
+                caller.restore_each(unchanged=saved)
+
+        transaction.end(swap_out)
 
 
-def _drive(world: _World, steps: Any, returns_at_end: bool) -> Generator[Any, Any, Any]:
+def _drive(world: _World, steps: Any, *, returns_at_end: bool) -> Generator[Any, Any, Any]:
     """Run ``steps`` (a generator, coroutine, or asend/athrow/aclose awaitable) in ``world``.
 
     Every ``send``/``throw``/``close`` of ``steps`` runs with the world swapped
@@ -256,7 +241,7 @@ def _drive(world: _World, steps: Any, returns_at_end: bool) -> Generator[Any, An
         try:
             world.resume()
         except BaseException:  # a KeyboardInterrupt held off during the swap
-            world.suspend(True)
+            world.suspend(finished=True)
             if _suspended(steps):
                 _close_in(world, steps)
             raise
@@ -267,15 +252,15 @@ def _drive(world: _World, steps: Any, returns_at_end: bool) -> Generator[Any, An
                 item = steps.throw(error)
                 error = None
         except StopIteration as stop:
-            world.suspend(returns_at_end)
+            world.suspend(finished=returns_at_end)
             return stop.value
         except BaseException:
-            world.suspend(True)
+            world.suspend(finished=True)
             if _suspended(steps):  # interrupted just after the step, not raised by the body
                 _close_in(world, steps)
             raise
         try:
-            world.suspend(False)
+            world.suspend(finished=False)
         except BaseException:  # a KeyboardInterrupt held off during the swap
             _close_in(world, steps)
             raise
@@ -309,7 +294,7 @@ def _close_in(world: _World, steps: Any) -> None:
     try:
         steps.close()
     finally:
-        world.suspend(True)
+        world.suspend(finished=True)
 
 
 class _Steps:
@@ -317,10 +302,10 @@ class _Steps:
 
     __slots__ = ("_end", "_steps", "_world")
 
-    def __init__(self, world: _World, steps: Any, returns_at_end: bool) -> None:
+    def __init__(self, world: _World, steps: Any, *, returns_at_end: bool) -> None:
         self._world = world
         self._steps = steps
         self._end = returns_at_end
 
     def __await__(self) -> Generator[Any, Any, Any]:
-        return _drive(self._world, self._steps, self._end)
+        return _drive(self._world, self._steps, returns_at_end=self._end)

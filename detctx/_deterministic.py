@@ -1,8 +1,8 @@
 """``deterministic(seed=...)``: seed, switch on determinism, restore everything.
 
 The object holds only its configuration (:class:`~detctx._settings.Settings`);
-each entry is a frame of :mod:`detctx._blocks`, so one object can be entered
-many times, nested and used recursively, and the decorator forms
+each entry is an open block of :mod:`detctx._blocks`, so one object can be
+entered many times, nested and used recursively, and the decorator forms
 (:mod:`detctx._decorators`) stand on the same machinery.
 """
 
@@ -14,12 +14,13 @@ from typing import Any, TypeVar, overload
 
 from typing_extensions import Unpack
 
-from detctx import _blocks as frames
+from detctx import _blocks as blocks
 from detctx import _interrupts as interrupts
+from detctx import _transaction as transaction
 from detctx._decorators import decorate
 from detctx._seeds import DEFAULT_SEED
-from detctx._settings import Seeding, Settings
-from detctx._snapshot import Snapshot, active_sources
+from detctx._settings import ALONE, Coordinator, Seeding, Settings
+from detctx._snapshot import Snapshot
 from detctx._switches import SwitchOptions
 
 __all__ = ["deterministic", "open_blocks", "seed_all"]
@@ -45,26 +46,23 @@ class deterministic:
     After entry, draws from ``random``, ``np.random`` and ``torch`` equal those
     after ``random.seed(s); np.random.seed(s); torch.manual_seed(s)``.
 
-    ``**switches`` (:class:`~detctx._switches.SwitchOptions`; each is on unless
-    turned off with ``False``):
+    ``**switches``: the determinism switches, each on unless turned off with
+    ``False``; their one declaration, with what each sets, is
+    :class:`detctx.SwitchOptions` (the README's "Switches" table lists them).
 
-    - ``algorithms``: ``torch.use_deterministic_algorithms(True)``; ``"warn"``
-      sets ``warn_only=True``.
-    - ``cudnn``: ``cudnn.deterministic = True``, ``cudnn.benchmark = False``.
-    - ``hash_seed``: ``PYTHONHASHSEED=str(seed)`` for child processes (this
-      process's hash seed is fixed at its start).
-    - ``cublas_workspace``: ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` (``:16:8`` kept).
-    - ``hccl``: ``HCCL_DETERMINISTIC=true``; ``"strict"`` for ``strict``.
-    - ``matmul_k_shift``: ``CLOSE_MATMUL_K_SHIFT=1`` (Ascend matmul order).
-    - ``flash_attention``: ``FLASH_ATTENTION_DETERMINISTIC=1``.
-
-    Entering returns a :class:`~detctx._settings.Seeding` with the seed used.
+    Entering returns a :class:`~detctx.Seeding` with the seed used.
     Bad arguments raise ``TypeError`` / ``ValueError`` here, before anything
     is changed.
     """
 
     def __init__(self, seed: int | None = DEFAULT_SEED, **switches: Unpack[SwitchOptions]) -> None:
-        self._settings = Settings(seed, switches, caller=type(self).__name__)
+        self._settings = Settings(
+            seed, switches, caller=type(self).__name__, coordinator=self._coordinator()
+        )
+
+    def _coordinator(self) -> Coordinator:
+        """How each entry's seed is decided (overridden by ``distributed_deterministic``)."""
+        return ALONE
 
     @property
     def settings(self) -> Settings:
@@ -77,18 +75,22 @@ class deterministic:
         return self._settings.seed
 
     def __repr__(self) -> str:
-        changed = "".join(f", {name}={value!r}" for name, value in self._settings.changed().items())
-        return f"{type(self).__name__}(seed={self.seed!r}{changed})"
+        settings = self._settings
+        options = {**settings.changed(), **settings.coordinator.options()}
+        extra = "".join(f", {name}={value!r}" for name, value in options.items())
+        return f"{type(self).__name__}(seed={self.seed!r}{extra})"
 
     def __enter__(self) -> Seeding:
         settings = self._settings
-        seed = settings.resolve_seed()
-        depth = len(frames.context_frames())
+        entry = settings.begin()  # may communicate (distributed); nothing is changed yet
+        depth = len(blocks.entered_here())
         try:
-            return frames.enter(self, lambda sources, now: settings.apply(sources, seed, now))
+            seeding = blocks.open_block(self, lambda before: settings.apply(entry, before))
+            settings.coordinator.after_entry()
         except BaseException:
-            frames.abandon(self, depth)  # interrupted on the way out of enter
+            blocks.abandon(self, depth)  # a failed check, or interrupted on the way out
             raise
+        return seeding
 
     @interrupts.edge
     def __exit__(
@@ -97,7 +99,11 @@ class deterministic:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        frames.exit(self)
+        try:
+            if any(block.owner is self for block in blocks.entered_here()):
+                self._settings.coordinator.before_exit(exc)
+        finally:
+            blocks.close_block(self)
 
     @overload
     def __call__(self, func: F) -> F: ...
@@ -133,18 +139,12 @@ def seed_all(seed: int | None = DEFAULT_SEED, **switches: Unpack[SwitchOptions])
         detctx.seed_all(1234)        # at the top of a training script
     """
     settings = Settings(seed, switches, caller="seed_all")
-    resolved = settings.resolve_seed()
-    frames.acquire()
-    try:
-        sources = active_sources()
-        before = Snapshot.capture(sources, switches=True)
-        try:
-            return settings.apply(sources, resolved, before)
-        except BaseException:
-            before.restore()  # a source that cannot be seeded: nothing is left half-seeded
-            raise
-    finally:
-        frames.release()
+    entry = settings.begin()
+    return transaction.change(
+        lambda before: settings.apply(entry, before),
+        Snapshot.capture_everything,
+        lasts=transaction.Lasts.DONE,
+    )
 
 
 def open_blocks() -> tuple[Seeding, ...]:
@@ -157,4 +157,4 @@ def open_blocks() -> tuple[Seeding, ...]:
         with detctx.deterministic(seed=5):
             assert detctx.open_blocks()[-1].seed == 5
     """
-    return tuple(frame.seeding for frame in frames.open_frames())
+    return tuple(block.seeding for block in blocks.stack())

@@ -26,7 +26,7 @@ from detctx._accelerators import active_accelerators
 from detctx._environment import WATCHED
 from detctx._npu_level import describe_npu_level
 from detctx._seeds import MAX_SEED, SEED_ENV, parse_seed
-from detctx._switches import env_switches
+from detctx._switches import EnvSwitch, env_switches
 
 __all__ = ["ENV_VARIABLES", "Diagnosis", "advise", "diagnose"]
 
@@ -41,7 +41,10 @@ ENV_VARIABLES: Final = (
 )
 """The environment variables the report shows."""
 
-_HCCL_VALUES: Final = ("false", "true", "strict")
+_ENV_SWITCHES: Final = {switch.name: switch for switch in env_switches()}
+_HASH_SEED: Final = _ENV_SWITCHES["hash_seed"]
+_CUBLAS: Final = _ENV_SWITCHES["cublas_workspace"]
+_HCCL: Final = _ENV_SWITCHES["hccl"]
 
 
 @dataclass
@@ -120,35 +123,39 @@ def advise(diagnosis: Diagnosis, *, torch_npu_installed: bool = False) -> list[s
     env: Mapping[str, str | None] = diagnosis.environment
     types = {device["type"]: device for device in diagnosis.devices}
     advice = []
-    hash_seed = env.get("PYTHONHASHSEED")
+    hash_seed = env.get(_HASH_SEED.variable)
     if hash_seed is None or hash_seed.strip() in ("", "random"):
         advice.append(
-            "hash randomisation is on (PYTHONHASHSEED unset): iteration over sets of strings "
-            "changes from run to run; export PYTHONHASHSEED=0 (or any fixed value) before "
-            "launch (detctx run does)"
+            f"hash randomisation is on ({_HASH_SEED.variable} unset): iteration over sets of "
+            f"strings changes from run to run; export {_export(_HASH_SEED)} (or any fixed value) "
+            "before launch (detctx run does)"
         )
-    if "cuda" in types and env.get("CUBLAS_WORKSPACE_CONFIG") not in (":4096:8", ":16:8"):
+    # Compared as written: torch's check of the variable is exact (aten Context.cpp,
+    # checkCuBLASConfigDeterministic).
+    if "cuda" in types and env.get(_CUBLAS.variable) not in _CUBLAS.on_values:
         advice.append(
-            "CUBLAS_WORKSPACE_CONFIG is not :4096:8 or :16:8: cuBLAS matmuls are not "
-            "deterministic; export CUBLAS_WORKSPACE_CONFIG=:4096:8 before launch (it is read "
-            "when the first cuBLAS handle is created)"
+            f"{_CUBLAS.variable} is not {_either(_CUBLAS.on_values)}: cuBLAS matmuls are not "
+            f"deterministic; export {_export(_CUBLAS)} before launch (it is read when the first "
+            "cuBLAS handle is created)"
         )
     if "cuda" in types and types["cuda"]["count"] > 1 and env.get("NCCL_NVLS_ENABLE") != "0":
         advice.append(
             "NCCL may pick NVLS reductions, which are not deterministic: export "
             "NCCL_NVLS_ENABLE=0 (and NCCL_ALGO=Ring to pin the algorithm)"
         )
-    hccl = env.get("HCCL_DETERMINISTIC")
-    if hccl is not None and hccl.strip().lower() not in _HCCL_VALUES:
+    hccl = env.get(_HCCL.variable)
+    if hccl is not None and hccl.strip().lower() not in _HCCL.accepted_values:
         advice.append(
-            f"HCCL_DETERMINISTIC={hccl} is not a value torch_npu accepts (false, true or "
-            "strict) and is ignored: export HCCL_DETERMINISTIC=true"
+            f"{_HCCL.variable}={hccl} is not a value torch_npu accepts "
+            f"({_either(_HCCL.accepted_values)}) and is ignored: export {_export(_HCCL)}"
         )
-    elif ("npu" in types or torch_npu_installed) and (hccl or "false").strip().lower() == "false":
+    elif ("npu" in types or torch_npu_installed) and (
+        hccl is None or hccl.strip().lower() not in _HCCL.on_values
+    ):
         advice.append(
-            "HCCL_DETERMINISTIC is unset or false: HCCL reductions are not deterministic; "
-            "export HCCL_DETERMINISTIC=true before launch (read once, when the first "
-            "communicator is created)"
+            f"{_HCCL.variable} is unset or {_HCCL.off}: HCCL reductions are not deterministic; "
+            f"export {_export(_HCCL)} before launch (read once, when the first communicator is "
+            "created)"
         )
     if env.get("HCCL_LOGIC_SUPERPOD_ID"):
         advice.append(
@@ -170,6 +177,16 @@ def advise(diagnosis: Diagnosis, *, torch_npu_installed: bool = False) -> list[s
                 "will raise; set it to such an integer or unset it"
             )
     return advice
+
+
+def _export(switch: EnvSwitch) -> str:
+    """``VARIABLE=value``: what a block with seed 0 would set."""
+    return f"{switch.variable}={switch.target(setting=True, seed=0, current=None)}"
+
+
+def _either(values: frozenset[str]) -> str:
+    ordered = sorted(values)
+    return ", ".join(ordered[:-1]) + f" or {ordered[-1]}" if len(ordered) > 1 else ordered[0]
 
 
 def _versions() -> dict[str, str]:

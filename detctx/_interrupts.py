@@ -30,6 +30,7 @@ first few hundred signals; with the function starts marked, none in 6,000.
 
 from __future__ import annotations
 
+import enum
 import importlib
 import signal
 import threading
@@ -37,7 +38,7 @@ from collections.abc import Callable
 from types import CodeType, FrameType
 from typing import Any, TypeVar
 
-__all__ = ["edge", "hold", "let_go", "pending"]
+__all__ = ["Effect", "edge", "hold", "let_go", "pending"]
 
 # signal.signal and signal.getsignal map their result to an enum member, which
 # raises and catches ValueError for every Python handler: about 2 us each,
@@ -57,6 +58,14 @@ _depth = 0  # sections held now
 _open = 0  # blocks entered and worlds swapped in, in the main thread
 _previous: Any = None  # the handler in place before detctx's, while detctx's is installed
 _pending = False
+
+
+class Effect(enum.Enum):
+    """What a held section did to the blocks and worlds open in the main thread."""
+
+    NONE = 0
+    OPENED = 1
+    CLOSED = -1
 
 
 def edge(func: F) -> F:
@@ -105,8 +114,8 @@ def pending() -> bool:
 
 
 @edge
-def let_go(held: bool, opened: int = 0) -> None:
-    """End a :func:`hold`; ``opened``: blocks or worlds it opened (1) or closed (-1).
+def let_go(held: bool, effect: Effect = Effect.NONE) -> None:
+    """End a :func:`hold`; ``effect``: whether the section opened or closed a block or world.
 
     The outermost section hands a recorded SIGINT on (``KeyboardInterrupt``
     is raised here, with the state whole), and puts the original handler
@@ -115,7 +124,7 @@ def let_go(held: bool, opened: int = 0) -> None:
     global _depth, _open, _previous, _pending
     if not held:
         return
-    _open = max(_open + opened, 0)
+    _open = max(_open + effect.value, 0)
     _depth -= 1
     if _depth:
         return

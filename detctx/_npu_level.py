@@ -20,6 +20,7 @@ import torch
 
 from detctx._accelerators import active_accelerators
 from detctx._errors import DeterminismUnavailableError, DeterminismWarning
+from detctx._seeds import as_integer
 
 __all__ = [
     "LEVEL_API_VERSIONS",
@@ -103,9 +104,9 @@ class NpuLevelSwitch:
     def validate(self, setting: object) -> None:
         if setting is None:
             return
-        if isinstance(setting, bool) or not isinstance(setting, int):
+        if as_integer(setting) is None:  # NumPy integers too, as seeds
             raise TypeError(f"npu_level must be None, 1, 2 or 3, got {setting!r}")
-        if setting not in NPU_LEVELS:
+        if as_integer(setting) not in NPU_LEVELS:
             raise ValueError(
                 f"npu_level must be None, 1, 2 or 3, got {setting!r}; to switch determinism "
                 "off in a block, leave npu_level=None and pass algorithms=False"
@@ -122,6 +123,7 @@ class NpuLevelSwitch:
     def apply(self, setting: Any, seed: int, current: Any) -> str | None:
         if setting is None:
             return None
+        setting = as_integer(setting)
         api = npu_level_api()
         if api is not None:
             if current != setting:

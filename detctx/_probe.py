@@ -23,6 +23,7 @@ from detctx._accelerators import active_accelerators, device_module
 from detctx._deterministic import deterministic
 from detctx._errors import DeterminismWarning
 from detctx._probe_catalogue import PROBE_OPS, ProbeOp
+from detctx._seeds import as_integer
 
 __all__ = ["PROBE_OPS", "ProbeOp", "ProbeReport", "ProbeRow", "probe_devices", "run_probe"]
 
@@ -90,8 +91,10 @@ def run_probe(
         for row in report.nondeterministic():
             print(row.op, row.device)
     """
-    if isinstance(runs, bool) or not isinstance(runs, int) or runs < 2:
+    count = as_integer(runs)
+    if count is None or count < 2:
         raise ValueError(f"runs must be an integer of at least 2 to compare anything, got {runs!r}")
+    runs = count
     available = probe_devices()
     chosen = list(available if device_types is None else device_types)
     unknown = [name for name in chosen if name not in available]
@@ -124,14 +127,37 @@ def _probe_op(op: ProbeOp, device: torch.device, runs: int, seed: int) -> ProbeR
         try:
             off = _repeat(op.build(device, large), runs, device)
         except Exception as exc:
-            return ProbeRow(op.name, device.type, None, None, False, None, error=_first_line(exc))
+            return ProbeRow(
+                op.name,
+                device.type,
+                identical_off=None,
+                identical_on=None,
+                raises=False,
+                slowdown=None,
+                error=_first_line(exc),
+            )
     with deterministic(seed):
         try:
             on = _repeat(op.build(device, large), runs, device)
         except RuntimeError as exc:
-            return ProbeRow(op.name, device.type, off[0], None, True, None, detail=_first_line(exc))
+            return ProbeRow(
+                op.name,
+                device.type,
+                identical_off=off[0],
+                identical_on=None,
+                raises=True,
+                slowdown=None,
+                detail=_first_line(exc),
+            )
     slowdown = on[1] / off[1] if off[1] > 0 else None
-    return ProbeRow(op.name, device.type, off[0], on[0], False, slowdown)
+    return ProbeRow(
+        op.name,
+        device.type,
+        identical_off=off[0],
+        identical_on=on[0],
+        raises=False,
+        slowdown=slowdown,
+    )
 
 
 def _repeat(thunk: Any, runs: int, device: torch.device) -> tuple[bool, float]:

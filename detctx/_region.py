@@ -31,6 +31,7 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import threading
 from collections.abc import Callable
 from typing import Any, Final, Literal, TypeVar, Union, overload
 
@@ -48,16 +49,51 @@ Setting = Union[bool, Literal["warn"]]
 _ALGORITHMS: Final = next(switch for switch in SWITCHES if switch.name == "algorithms")
 
 
-def _switch_on(setting: Setting) -> Any:
-    """Switch deterministic algorithms on as ``setting`` asks; return what was there."""
-    saved = _ALGORITHMS.capture()
-    if saved[:2] != (True, setting == "warn"):
-        _ALGORITHMS.apply(setting, 0, saved)
-    return saved
+class _Hold:
+    """One region running, forward or backward: its setting and the flags it found."""
+
+    __slots__ = ("saved", "setting")
+
+    def __init__(self, setting: Setting, saved: Any) -> None:
+        self.setting = setting
+        self.saved = saved
 
 
-def _put_back(saved: Any) -> None:
-    _ALGORITHMS.restore(saved)
+# Every region running in the process, in the order they began. The flag is
+# process-wide, and regions run in several threads at once (and a forward in one
+# thread while a backward runs on an autograd device thread): each saving and
+# putting back on its own left the flag on whenever two of them overlapped
+# (17 of 20 rounds of 4 threads x 50 forward+backward calls). A region that ends
+# while a later one still runs hands the flags it found on to that one instead;
+# the region that ends last puts back the setting from before the first.
+_holds: list[_Hold] = []
+_holds_lock: Final = threading.RLock()
+
+
+def _begin(setting: Setting) -> _Hold:
+    """Switch deterministic algorithms on as ``setting`` asks, until :func:`_end`."""
+    with _holds_lock:
+        hold = _Hold(setting, _ALGORITHMS.capture())
+        if hold.saved[:2] != (True, setting == "warn"):
+            try:
+                _ALGORITHMS.apply(setting, 0, hold.saved)
+            except BaseException:  # an NPU warning turned into an error, say
+                _ALGORITHMS.restore(hold.saved)
+                raise
+        _holds.append(hold)
+    return hold
+
+
+def _end(hold: _Hold) -> None:
+    with _holds_lock:
+        index = next((i for i, held in enumerate(_holds) if held is hold), None)
+        if index is None:
+            return
+        del _holds[index]
+        if index < len(_holds):
+            _holds[index].saved = hold.saved
+        else:
+            _ALGORITHMS.restore(hold.saved)
 
 
 def _end_of_pass(callback: Callable[[], None]) -> None:
@@ -68,23 +104,55 @@ def _end_of_pass(callback: Callable[[], None]) -> None:
 
 
 class _Crossing:
-    """One call of a region: the flags saved while its backward runs."""
+    """One call of a region: the hold taken while its backward runs."""
 
-    __slots__ = ("saved", "setting")
+    __slots__ = ("hold", "setting")
 
     def __init__(self, setting: Setting) -> None:
         self.setting = setting
-        self.saved: Any = None
+        self.hold: _Hold | None = None
 
     def enter_backward(self) -> None:
-        if self.saved is None:
-            self.saved = _switch_on(self.setting)
-            _end_of_pass(self.leave_backward)
+        if self.hold is None:
+            self.hold = _begin(self.setting)
+            _end_of_pass(_PassEnd(self))
 
     def leave_backward(self) -> None:
-        saved, self.saved = self.saved, None
-        if saved is not None:
-            _put_back(saved)
+        hold, self.hold = self.hold, None
+        if hold is not None:
+            _end(hold)
+
+
+class _PassEnd:
+    """Called by the autograd engine when a backward pass completes; dropped when it fails.
+
+    The engine runs its end-of-pass callbacks only after a pass that
+    completes. When a node raises (a custom ``autograd.Function``'s backward,
+    a tensor hook), the pass stops, the region's entry node never runs and
+    neither does the callback; the engine drops it with the pass
+    (``GraphTask``'s ``final_callbacks_``): on the CPU before the exception
+    reaches the caller, on a device's autograd thread when that thread lets
+    go of the pass. Putting the flags back on that drop covers a failed
+    pass; before, this printed True::
+
+        python -c "import torch, detctx
+        def part(t): t = t * 2; t.register_hook(lambda g: 1 / 0); return t
+        x = torch.ones(2, requires_grad=True)
+        try: detctx.deterministic_region(part)(x).sum().backward()
+        except ZeroDivisionError: pass
+        print(torch.are_deterministic_algorithms_enabled())"
+    """
+
+    __slots__ = ("crossing",)
+
+    def __init__(self, crossing: _Crossing) -> None:
+        self.crossing = crossing
+
+    def __call__(self) -> None:
+        self.crossing.leave_backward()
+
+    def __del__(self) -> None:
+        self.crossing.leave_backward()
 
 
 class _Entry(torch.autograd.Function):
@@ -175,11 +243,11 @@ def _run(function: Callable[..., Any], setting: Setting, args: Any, kwargs: Any)
         crossing = _Crossing(setting)
         anchor = torch.zeros((), device=_device_of(function, args, kwargs), requires_grad=True)
         token = _Entry.apply(anchor, crossing)  # type: ignore[no-untyped-call]
-    saved = _switch_on(setting)
+    hold = _begin(setting)
     try:
         result = function(*args, **kwargs)
     finally:
-        _put_back(saved)
+        _end(hold)
     if not tracked:
         return result
     outputs: list[torch.Tensor] = []
@@ -258,10 +326,14 @@ def deterministic_region(module_or_function: Any, algorithms: Setting = True) ->
         loss.backward()          # the head's backward is deterministic, the rest as before
 
     Covered: tensors that require grad among the outputs, also inside tuples,
-    lists and dicts. Best-effort: the flag is process-wide, so another thread
-    running ops during the region's forward or backward sees it too; on Ascend
-    NPUs, whose deterministic state is taken once per thread, switching it
-    inside a pass is best-effort (see the ``algorithms`` switch).
+    lists and dicts. A backward pass that raises inside the region puts the
+    flag back as one that completes does. The flag is process-wide: while
+    any region runs in any thread (forward, or backward inside it), every
+    thread sees it on, with the setting of the latest region still running;
+    when the last one ends it is the setting from before the first, and a
+    change another thread made meanwhile is undone. On Ascend NPUs, whose
+    deterministic state is taken once per thread, switching it inside a pass
+    is best-effort (see the ``algorithms`` switch).
     """
     _check(module_or_function, algorithms)
     if isinstance(module_or_function, nn.Module):

@@ -13,7 +13,7 @@ import torch
 
 from detctx._deterministic import deterministic
 from detctx._errors import NotReproducibleError
-from detctx._seeds import DEFAULT_SEED, resolve_seed, validate_seed
+from detctx._seeds import DEFAULT_SEED, as_integer, resolve_seed, validate_seed
 from detctx._snapshot import Snapshot
 
 __all__ = ["check_gradients", "check_reproducible", "first_difference"]
@@ -67,9 +67,9 @@ def check_reproducible(
         raise TypeError(f"locate must be True or False, got {locate!r}")
     resolved = resolve_seed(None if seed is None else validate_seed(seed))
     if not locate:
-        return _check(fn, args, kwargs, runs, resolved, check_rng)
+        return _check(fn, args, kwargs, runs, resolved, check_rng=check_rng)
     try:
-        return _check(fn, args, kwargs, runs, resolved, check_rng)
+        return _check(fn, args, kwargs, runs, resolved, check_rng=check_rng)
     except NotReproducibleError as exc:
         from detctx._locate import locate_divergence
 
@@ -88,6 +88,7 @@ def _check(
     kwargs: dict[str, Any],
     runs: int,
     seed: int,
+    *,
     check_rng: bool,
 ) -> T:
     block = deterministic(seed)
@@ -241,11 +242,12 @@ def first_difference(a: Any, b: Any, path: str = "result") -> Difference | None:
 
 
 def _check_runs(runs: object) -> int:
-    if isinstance(runs, bool) or not isinstance(runs, int):
+    count = as_integer(runs)
+    if count is None:
         raise TypeError(f"runs must be an integer, got {runs!r}")
-    if runs < 2:
+    if count < 2:
         raise ValueError(f"runs must be at least 2 to compare anything, got {runs}")
-    return runs
+    return count
 
 
 def _render_key(key: object) -> str:

@@ -12,6 +12,7 @@ __all__ = [
     "DEFAULT_SEED",
     "MAX_SEED",
     "SEED_ENV",
+    "as_integer",
     "derive_seed",
     "fresh_seed",
     "group_seed",
@@ -28,6 +29,18 @@ MAX_SEED: Final = 2**32 - 1
 
 SEED_ENV: Final = "DETCTX_SEED"
 """Environment variable read when ``seed=None``."""
+
+
+def as_integer(value: object) -> int | None:
+    """``value`` as an ``int`` when it is an integer, Python's or NumPy's (``np.int64(2)``);
+    else ``None``. A bool is not an integer here, NumPy's ``np.bool_`` neither."""
+    np = sys.modules.get("numpy")
+    if isinstance(value, bool) or (np is not None and isinstance(value, np.bool_)):
+        return None
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        return None
 
 
 def validate_seed(seed: object, what: str = "seed") -> int:

@@ -12,14 +12,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 from detctx._seeds import resolve_seed, validate_seed
 from detctx._snapshot import Snapshot
-from detctx._sources import RNGSource
-from detctx._switches import SWITCHES, Switch, default_setting, validate_switches
+from detctx._switches import SWITCHES, default_setting, validate_switches
 
-__all__ = ["Seeding", "Settings"]
+__all__ = ["ALONE", "Coordinator", "Entry", "Seeding", "Settings"]
 
 logger = logging.getLogger("detctx")
 
@@ -49,23 +48,96 @@ class Seeding:
         )
 
 
+class Entry(Protocol):
+    """One entry's seed, decided before anything changes, and the record it makes."""
+
+    @property
+    def seed(self) -> int: ...
+
+    def record(self, seeding: Seeding) -> Seeding:
+        """The record of what the entry applied (``seeding``, or a richer one)."""
+        ...
+
+
+class Coordinator(Protocol):
+    """How a block decides each entry's seed and checks its entry and exit.
+
+    Alone (:data:`ALONE`, the default), or with the other ranks of a process
+    group (:mod:`detctx.distributed`): a new way of agreeing is a coordinator,
+    not a branch in the block.
+    """
+
+    def begin(self, settings: Settings) -> Entry:
+        """Decide the seed of one entry; may communicate, changes nothing."""
+        ...
+
+    def after_entry(self) -> None:
+        """Check the entry once everything is seeded (may raise; the block is then closed)."""
+        ...
+
+    def before_exit(self, raised: BaseException | None) -> None:
+        """Check the exit before anything is restored; ``raised``: what the body raised."""
+        ...
+
+    def options(self) -> dict[str, object]:
+        """The options not left at their default, for the block's ``repr``."""
+        ...
+
+
+@dataclass(frozen=True)
+class _Resolved:
+    seed: int
+
+    def record(self, seeding: Seeding) -> Seeding:
+        return seeding
+
+
+class _Alone:
+    """A block of one process: the configured seed, ``$DETCTX_SEED`` or a fresh one."""
+
+    def begin(self, settings: Settings) -> Entry:
+        return _Resolved(resolve_seed(settings.seed))
+
+    def after_entry(self) -> None:
+        pass
+
+    def before_exit(self, raised: BaseException | None) -> None:
+        pass
+
+    def options(self) -> dict[str, object]:
+        return {}
+
+
+ALONE: Coordinator = _Alone()
+"""The coordinator of ``deterministic`` and ``seed_all``."""
+
+
 class Settings:
     """The validated seed and switch settings of one configuration.
 
     ``seed`` is an int in ``[0, 2**32 - 1]`` or ``None`` (resolved on each
-    entry); ``switches`` maps every switch name to its setting. Bad values
-    raise ``TypeError`` / ``ValueError`` here, naming ``caller``.
+    entry); ``switches`` maps every switch name to its setting; ``coordinator``
+    decides each entry's seed. Bad values raise ``TypeError`` / ``ValueError``
+    here, naming ``caller``.
     """
 
-    __slots__ = ("seed", "switches")
+    __slots__ = ("coordinator", "seed", "switches")
 
-    def __init__(self, seed: object, switches: Mapping[str, object], *, caller: str) -> None:
+    def __init__(
+        self,
+        seed: object,
+        switches: Mapping[str, object],
+        *,
+        caller: str,
+        coordinator: Coordinator = ALONE,
+    ) -> None:
         self.seed = None if seed is None else validate_seed(seed)
         self.switches = validate_switches(switches, caller=caller)
+        self.coordinator = coordinator
 
-    def resolve_seed(self) -> int:
-        """The seed for one entry: the configured one, else ``$DETCTX_SEED`` or a fresh one."""
-        return resolve_seed(self.seed)
+    def begin(self) -> Entry:
+        """Decide one entry's seed (the coordinator's part; nothing is changed)."""
+        return self.coordinator.begin(self)
 
     def changed(self) -> dict[str, object]:
         """The switches not left at their default (on, or the switch's own), for a ``repr``."""
@@ -75,30 +147,25 @@ class Settings:
             if value is not default_setting(name)
         }
 
-    def apply(
-        self, sources: list[tuple[str, RNGSource]], seed: int, current: Snapshot | None = None
-    ) -> Seeding:
-        """Seed every source with ``seed``, set every switch, and log what was applied.
+    def apply(self, entry: Entry, current: Snapshot) -> Seeding:
+        """Seed every source ``current`` holds with the entry's seed, set every switch,
+        and log what was applied.
 
-        ``current``, if given, is a snapshot with switches taken just before:
-        its switch values are reused instead of being read again.
+        ``current`` is the snapshot taken just before (with switches): its
+        switch values are reused instead of being read again.
         """
+        seed = entry.seed
+        sources = current.sources
         for _, source in sources:
             source.seed(seed)
         applied = []
         for switch in SWITCHES:
             description = switch.apply(
-                self.switches[switch.name], seed, _current_value(switch, current)
+                self.switches[switch.name], seed, current.switch_value(switch.name)
             )
             if description is not None:
                 applied.append(description)
-        seeding = Seeding(seed, tuple(name for name, _ in sources), tuple(applied))
+        seeding = entry.record(Seeding(seed, tuple(name for name, _ in sources), tuple(applied)))
         if logger.isEnabledFor(logging.INFO):
             logger.info("deterministic computing is applied: %s", seeding.describe())
         return seeding
-
-
-def _current_value(switch: Switch, current: Snapshot | None) -> Any:
-    if current is None:
-        return switch.capture()
-    return current.switch_value(switch.name)

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
-from detctx import _interrupts as interrupts
 from detctx import _state_dict as state_dict
 from detctx import _state_values as state_values
+from detctx import _transaction as transaction
 from detctx._accelerators import active_accelerators
 from detctx._environment import WATCHED
 from detctx._sources import RNGSource, registered_sources, registry_version
@@ -66,18 +66,18 @@ class Snapshot(Mapping[str, Any]):
     alone. ``detctx.RNGState`` is this class.
     """
 
-    __slots__ = ("_atomic", "_rng", "_switches")
+    __slots__ = ("_rng", "_sources", "_switches")
 
     def __init__(
         self,
         rng: dict[str, tuple[RNGSource, Any]],
         switches: dict[str, tuple[_Part, Any]] | None = None,
         *,
-        atomic: bool = False,
+        sources: list[tuple[str, RNGSource]] | None = None,
     ) -> None:
         self._rng = rng
         self._switches = {} if switches is None else switches
-        self._atomic = atomic
+        self._sources = sources
 
     @classmethod
     def capture(
@@ -90,12 +90,24 @@ class Snapshot(Mapping[str, Any]):
             sources = active_sources()
         rng = {name: (source, source.capture()) for name, source in sources}
         if not switches:
-            return cls(rng)
+            return cls(rng, sources=sources)
         parts: dict[str, tuple[_Part, Any]] = {
             switch.name: (switch, switch.capture()) for switch in SWITCHES
         }
         parts[WATCHED.name] = (WATCHED, WATCHED.capture())
-        return cls(rng, parts)
+        return cls(rng, parts, sources=sources)
+
+    @classmethod
+    def capture_everything(cls) -> Snapshot:
+        """Every active source, every switch and the watched variables: what a block saves."""
+        return cls.capture(active_sources(), switches=True)
+
+    @property
+    def sources(self) -> list[tuple[str, RNGSource]]:
+        """The ``(name, source)`` pairs captured, in capture order."""
+        if self._sources is None:
+            self._sources = [(name, source) for name, (source, _) in self._rng.items()]
+        return self._sources
 
     @property
     def switches(self) -> Mapping[str, Any]:
@@ -106,36 +118,29 @@ class Snapshot(Mapping[str, Any]):
         """The captured value of the switch ``name`` (``KeyError`` if not captured)."""
         return self._switches[name][1]
 
-    def restore(self, unchanged: Snapshot | None = None) -> None:
-        """Put every captured part back: switches (in reverse order), then RNGs.
+    def restore(self) -> None:
+        """Put every captured part back, atomically.
 
-        Every part is attempted even if one fails (a ``KeyboardInterrupt``
-        included); the first failure is raised afterwards. ``unchanged``: a
-        snapshot of the present state; switches whose value is the same there
-        are left alone (a generator step swaps worlds twice, so skipping no-op
-        writes of flags and variables matters).
-
-        A snapshot from :func:`capture` or :meth:`from_state_dict` restores
-        atomically: if any part fails, every source it holds is put back to
-        what it was before the call, then the failure is raised.
+        Switches go back in reverse order, then RNGs. If any part fails (a
+        ``KeyboardInterrupt`` included), every part is put back to what it
+        was before the call, then the failure is raised; a Ctrl-C during the
+        call is raised after it, with the state whole. Sources registered
+        after the capture are left alone.
         """
-        if not self._atomic:
-            self._restore_parts(unchanged)
-            return
-        held = interrupts.hold()
-        try:
-            before = Snapshot(
-                {name: (source, source.capture()) for name, (source, _) in self._rng.items()}
-            )
-            try:
-                self._restore_parts(unchanged)
-            except BaseException:
-                before._restore_parts(None)
-                raise
-        finally:
-            interrupts.let_go(held)
+        transaction.change(
+            lambda before: self.restore_each(),
+            lambda: Snapshot.capture(self.sources, switches=bool(self._switches)),
+            lasts=transaction.Lasts.DONE,
+        )
 
-    def _restore_parts(self, unchanged: Snapshot | None) -> None:
+    def restore_each(self, unchanged: Snapshot | None = None) -> None:
+        """Put every captured part back, attempting each even if one fails; the first
+        failure is raised afterwards. Not atomic: for a caller inside a transaction.
+
+        ``unchanged``: a snapshot of the present state; switches whose value
+        is the same there are left alone (a generator step swaps worlds twice,
+        so skipping no-op writes of flags and variables matters).
+        """
         first_error: BaseException | None = None
         now = None if unchanged is None else unchanged._switches
         for name, (switch, saved) in reversed(self._switches.items()):
@@ -175,7 +180,7 @@ class Snapshot(Mapping[str, Any]):
         ``strict`` (the default), a source managed here that the dict lacks.
         """
         decoded = state_dict.decode(plain, active_sources(), strict=strict)
-        return cls({name: (source, state) for name, source, state in decoded}, atomic=True)
+        return cls({name: (source, state) for name, source, state in decoded})
 
     def fingerprint(self) -> str:
         """A 16-hex-digit digest of the captured RNG states (equal digests: equal states).
@@ -229,9 +234,7 @@ def capture() -> Snapshot:
         noisy_eval(model)
         state.restore()          # every RNG continues as if noisy_eval never ran
     """
-    snapshot = Snapshot.capture()
-    snapshot._atomic = True
-    return snapshot
+    return Snapshot.capture()
 
 
 def restore(state: Snapshot | Mapping[str, Any], *, strict: bool = True) -> None:

@@ -7,17 +7,21 @@ too; they are discovered in :mod:`detctx._accelerators`.
 
 from __future__ import annotations
 
+import inspect
 import random
 from collections.abc import Iterator
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 
+from detctx import _plain as plain
+from detctx import _state_checks as checks
 from detctx._accelerators import is_accelerator_name
-from detctx._numpy_restore import restore_random_state
+from detctx._numpy_sources import NumpyGeneratorSource, NumpyRandomStateSource
 
 __all__ = [
+    "Checkpointable",
     "RNGSource",
     "register_source",
     "registered_sources",
@@ -36,6 +40,12 @@ class RNGSource(Protocol):
     A source may also offer ``validate_state(state)``, raising ``ValueError``
     for a state it must not be given: restoring a checkpoint calls it before
     any RNG is touched.
+
+    And ``agreement_parts(state)``, for a state that should agree only among
+    some ranks: it returns ``(part, scope, value)`` triples, and
+    ``verify_across_ranks`` compares each part only among the ranks that give
+    it the same ``scope`` string (``""``: every rank; ``None``: no other
+    rank). Without it the whole state must agree on every rank.
     """
 
     def capture(self) -> Any: ...
@@ -45,8 +55,34 @@ class RNGSource(Protocol):
     def seed(self, seed: int) -> None: ...
 
 
+@runtime_checkable
+class Checkpointable(Protocol):
+    """A source that knows its own checkpoint form: every built-in source.
+
+    ``to_checkpoint(state)`` gives ``(kind, plain data)``; ``from_checkpoint(kind,
+    plain)`` gives back a state ``restore`` takes, after checking every value
+    (raising :class:`~detctx._state_checks.InvalidField`, ``TypeError``,
+    ``KeyError`` or ``ValueError`` for one it must not be given). The kinds
+    it writes and reads are ``checkpoint_kinds``. A user source converts its
+    state through :class:`~detctx.PlainStateSource` instead.
+    """
+
+    @property
+    def checkpoint_kinds(self) -> frozenset[str]: ...
+
+    def to_checkpoint(self, state: Any) -> tuple[str, Any]: ...
+
+    def from_checkpoint(self, kind: str, stored: Any) -> Any: ...
+
+
 class PythonRandomSource:
-    """A ``random.Random`` instance; by default the ``random`` module's own."""
+    """A ``random.Random`` instance; by default the ``random`` module's own.
+
+    Checkpoint form ``"python"``: the 625-word Mersenne Twister state as an
+    int64 tensor, plus the version and the cached Gaussian.
+    """
+
+    checkpoint_kinds: ClassVar[frozenset[str]] = frozenset({"python"})
 
     def __init__(self, rng: random.Random | None = None) -> None:
         self._rng: Any = rng if rng is not None else random
@@ -60,69 +96,33 @@ class PythonRandomSource:
     def seed(self, seed: int) -> None:
         self._rng.seed(seed)
 
+    def to_checkpoint(self, state: Any) -> tuple[str, Any]:
+        version, internal, gauss_next = state
+        return "python", {
+            "version": int(version),
+            "internal": torch.tensor(internal, dtype=torch.int64),
+            "gauss_next": gauss_next,
+        }
 
-class NumpyRandomStateSource:
-    """A legacy ``np.random.RandomState``; by default NumPy's global one.
-
-    The global one is looked up on first use: ``import numpy`` does not load
-    ``numpy.random``, and importing detctx should not either.
-    """
-
-    def __init__(self, rng: np.random.RandomState | None = None) -> None:
-        self._rng = rng
-
-    def _target(self) -> np.random.RandomState:
-        if self._rng is None:
-            # np.random.seed/get_state/set_state are this object's bound methods.
-            self._rng = np.random.mtrand._rand
-        return self._rng
-
-    @property
-    def bit_generator(self) -> np.random.BitGenerator:
-        """The bit generator under the ``RandomState``."""
-        bit_generator: np.random.BitGenerator = self._target()._bit_generator
-        return bit_generator
-
-    def capture(self) -> Any:
-        return self._target().get_state()
-
-    def restore(self, state: Any) -> None:
-        restore_random_state(self._target(), state)
-
-    def seed(self, seed: int) -> None:
-        self._target().seed(seed)
-
-
-class NumpyGeneratorSource:
-    """A ``np.random.Generator``; seeding gives the stream of ``default_rng``-style
-    construction with the same bit generator type (``type(bg)(seed)``)."""
-
-    def __init__(self, rng: np.random.Generator) -> None:
-        self._bit_generator = rng.bit_generator
-
-    @property
-    def bit_generator(self) -> np.random.BitGenerator:
-        """The ``Generator``'s bit generator."""
-        return self._bit_generator
-
-    def capture(self) -> Any:
-        return self._bit_generator.state
-
-    def restore(self, state: Any) -> None:
-        self._bit_generator.state = state
-
-    def seed(self, seed: int) -> None:
-        self._bit_generator.state = type(self._bit_generator)(seed).state
+    def from_checkpoint(self, kind: str, stored: Any) -> Any:
+        internal = plain.tensor(stored["internal"], torch.int64).numpy()
+        checks.check_python(stored["version"], internal, stored["gauss_next"])
+        words = tuple(int(word) for word in internal.tolist())
+        return (stored["version"], words, stored["gauss_next"])
 
 
 class TorchGeneratorSource:
     """A ``torch.Generator`` on the CPU; by default ``torch.default_generator``.
+
+    Checkpoint form ``"torch"``: the generator's state tensor.
 
     Seeding the default generator here, rather than through
     ``torch.manual_seed``, avoids queueing lazy seeds (with a formatted stack
     trace each) for accelerators that are not present; accelerators are seeded
     by their own sources.
     """
+
+    checkpoint_kinds: ClassVar[frozenset[str]] = frozenset({"torch"})
 
     def __init__(self, generator: torch.Generator | None = None) -> None:
         self._generator = generator if generator is not None else torch.default_generator
@@ -141,6 +141,14 @@ class TorchGeneratorSource:
     def seed(self, seed: int) -> None:
         self._generator.manual_seed(seed)
 
+    def to_checkpoint(self, state: Any) -> tuple[str, Any]:
+        return "torch", state.clone()
+
+    def from_checkpoint(self, kind: str, stored: Any) -> Any:
+        state = plain.tensor(stored, torch.uint8).clone()
+        checks.check_torch(state, torch.Generator(device=self.device))
+        return state
+
 
 def as_source(obj: object) -> RNGSource:
     """Adapt ``obj`` to the :class:`RNGSource` protocol, or raise ``TypeError``."""
@@ -152,6 +160,11 @@ def as_source(obj: object) -> RNGSource:
         return NumpyRandomStateSource(obj)
     if isinstance(obj, np.random.Generator):
         return NumpyGeneratorSource(obj)
+    if isinstance(obj, type):
+        raise TypeError(
+            f"cannot manage the class {obj.__qualname__!r} as an RNG source: register an "
+            f"instance of it, e.g. register_source(name, {obj.__qualname__}())"
+        )
     if isinstance(obj, RNGSource):
         _check_protocol(obj)
         return obj
@@ -162,11 +175,21 @@ def as_source(obj: object) -> RNGSource:
     )
 
 
-_OPTIONAL_METHODS = ("validate_state", "state_to_plain", "state_from_plain")
+_OPTIONAL_METHODS = ("validate_state", "state_to_plain", "state_from_plain", "agreement_parts")
+_ARGUMENTS = {
+    "capture": (),
+    "restore": ("state",),
+    "seed": ("seed",),
+    "validate_state": ("state",),
+    "state_to_plain": ("state",),
+    "state_from_plain": ("plain",),
+    "agreement_parts": ("state",),
+}
+"""The positional arguments detctx calls each protocol method with."""
 
 
 def _check_protocol(obj: object) -> None:
-    """Refuse a source whose protocol methods exist but cannot be called."""
+    """Refuse a source whose protocol methods exist but cannot be called as detctx calls them."""
     required = [name for name in ("capture", "restore", "seed") if not callable(getattr(obj, name))]
     optional = [
         name
@@ -180,6 +203,30 @@ def _check_protocol(obj: object) -> None:
             f"{', '.join(type(getattr(obj, name)).__name__ for name in required + optional)}; "
             "an RNG source needs callable capture(), restore(state) and seed(seed)"
         )
+    for name, arguments in _ARGUMENTS.items():
+        method = getattr(obj, name, None)
+        if method is None:
+            continue
+        try:
+            signature = inspect.signature(method)
+        except (TypeError, ValueError):  # a builtin or C method without a readable signature
+            continue
+        try:
+            signature.bind(*arguments)
+        except TypeError:
+            called = f"{name}({', '.join(arguments)})"
+            bare = signature.replace(
+                parameters=[
+                    parameter.replace(annotation=inspect.Parameter.empty)
+                    for parameter in signature.parameters.values()
+                ],
+                return_annotation=inspect.Signature.empty,
+            )
+            raise TypeError(
+                f"cannot manage {type(obj).__name__!r} as an RNG source: detctx calls "
+                f"{called}, but {name} takes {bare}; an RNG source needs capture(), "
+                "restore(state) and seed(seed)"
+            ) from None
 
 
 _BUILTIN: dict[str, RNGSource] = {
@@ -203,10 +250,12 @@ def register_source(name: str, source: object) -> None:
     a NumPy ``RandomState`` or ``Generator``, or any object implementing
     :class:`RNGSource`. It is seeded with the block's seed, saved on entry and
     restored on exit. Names are unique: registering a taken name raises
-    ``ValueError`` (unregister it first). An object whose ``capture``,
-    ``restore`` or ``seed`` (or ``validate_state``, ``state_to_plain``,
-    ``state_from_plain``, where present) is not callable raises ``TypeError``
-    here, and nothing is registered::
+    ``ValueError`` (unregister it first). A class rather than an instance,
+    or an object whose ``capture``, ``restore`` or ``seed`` (or
+    ``validate_state``, ``state_to_plain``, ``state_from_plain``, where
+    present) is not callable or does not take the arguments detctx passes
+    (none for ``capture``, one for the others), raises ``TypeError`` here,
+    naming the method, and nothing is registered::
 
         detctx.register_source("sampler", torch.Generator())
     """

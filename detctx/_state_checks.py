@@ -9,6 +9,9 @@ values the RNG libraries accept silently are wrong or dangerous:
   process (``python -c "import numpy as np; r = np.random.RandomState(0);
   s = list(r.get_state()); s[2] = 2**31 - 1; r.set_state(tuple(s));
   r.random_sample(10)"`` dies with SIGSEGV).
+- NumPy's other bit generators take other fields unchecked: a Philox
+  ``buffer_pos`` below 0 reads memory before its buffer, and far below crashes
+  (see :func:`check_bit_generator`).
 - ``random.setstate`` truncates words of ``2**40`` to 32 bits; torch's
   generators take a state tensor and normalise what they do not like.
 
@@ -94,32 +97,112 @@ def check_numpy_legacy(
     _check_finite(cached_gaussian, "cached_gaussian")
 
 
-def check_bit_generator(state: Any, target: np.random.BitGenerator) -> None:
-    """A NumPy bit generator ``state`` dict fits ``target``'s type, as it will be read back.
+# What each bit generator's state dict holds, field by field: NumPy's state
+# setters take most of these values unchecked. A Philox ``buffer_pos`` of
+# -10**8 crashes the next draw (SIGSEGV), -1 draws memory before the buffer:
+#   python -c "import numpy as np; b = np.random.Philox(1); s = b.state;
+#   s['buffer_pos'] = -10**8; b.state = s; np.random.Generator(b).random(3)"
+# Arrays of the wrong dtype are converted silently (a float counter is
+# truncated), arrays longer than the C state are cut, an even PCG64 increment
+# gives a degenerate stream and ``has_uint32`` takes any int.
+_U64: Final = np.dtype(np.uint64)
+_BUFFERED: Final = {"has_uint32": (0, 1), "uinteger": (0, 2**32 - 1)}
+_ARRAYS: Final[dict[str, dict[str, tuple[np.dtype[Any], int]]]] = {
+    "MT19937": {"state.key": (np.dtype(np.uint32), MT_WORDS)},
+    "PCG64": {},
+    "PCG64DXSM": {},
+    "Philox": {"state.counter": (_U64, 4), "state.key": (_U64, 2), "buffer": (_U64, 4)},
+    "SFC64": {"state.state": (_U64, 4)},
+}
+_INTS: Final[dict[str, dict[str, tuple[int, int]]]] = {
+    "MT19937": {"state.pos": (0, MT_WORDS)},
+    "PCG64": {"state.state": (0, 2**128 - 1), "state.inc": (1, 2**128 - 1), **_BUFFERED},
+    "Philox": {"buffer_pos": (0, 4), **_BUFFERED},
+    "SFC64": {**_BUFFERED},
+}
+_INTS["PCG64DXSM"] = _INTS["PCG64"]
+_GAUSS: Final = frozenset({"has_gauss", "gauss"})
+"""What a ``RandomState`` adds to its bit generator's state (a cached Gaussian)."""
 
-    It is tried on a fresh bit generator of the same type, which must give
-    back exactly what it was given (NumPy reduces some values silently).
+
+def check_bit_generator(state: Any, target: np.random.BitGenerator) -> None:
+    """A NumPy bit generator ``state`` dict fits ``target``'s type, field by field.
+
+    Covers MT19937, PCG64, PCG64DXSM, Philox and SFC64: every field is
+    present, of its exact type (arrays of their exact dtype and length) and in
+    range, and nothing else is there, except the ``has_gauss`` and ``gauss``
+    a ``RandomState`` adds. A state for any other bit generator type is
+    refused: detctx cannot tell which of its values are safe. Last, the state
+    is tried on a fresh bit generator of the same type, which must give back
+    exactly what it was given.
     """
     expected = type(target).__name__
+    if type(target) is not getattr(np.random, expected, None) or expected not in _ARRAYS:
+        raise InvalidField(
+            "bit_generator",
+            f"detctx cannot check a {type(target).__module__}.{type(target).__qualname__} "
+            f"state, so it does not restore one from a checkpoint (it checks "
+            f"{', '.join(_ARRAYS)})",
+        )
     if not isinstance(state, Mapping):
         raise InvalidField("state", f"must be a state dict, not {type(state).__name__}")
     if state.get("bit_generator") != expected:
         raise InvalidField(
             "bit_generator", f"is {state.get('bit_generator')!r}; this source's is {expected!r}"
         )
-    if expected == "MT19937":
-        inner = state.get("state")
-        if not isinstance(inner, Mapping) or not isinstance(inner.get("key"), np.ndarray):
-            raise InvalidField("state", "must hold a 'key' array and a 'pos'")
-        check_words(inner["key"], "state.key", MT_WORDS)
-        _check_int(inner.get("pos"), "state.pos", 0, MT_WORDS)
+    arrays, ints = _ARRAYS[expected], _INTS[expected]
+    _check_layout(state, {"bit_generator", *arrays, *ints}, expected)
+    for field, (dtype, count) in arrays.items():
+        value = _field(state, field)
+        if not isinstance(value, np.ndarray) or value.dtype != dtype:
+            found = value.dtype if isinstance(value, np.ndarray) else type(value).__name__
+            raise InvalidField(field, f"must be a {dtype} array, not {found}")
+        if value.shape != (count,):
+            raise InvalidField(field, f"must hold {count} words, not {value.shape}")
+    for field, (low, high) in ints.items():
+        _check_int(_plain_int(_field(state, field)), field, low, high)
+    if expected.startswith("PCG64") and not _field(state, "state.inc") % 2:
+        raise InvalidField("state.inc", "must be odd (every PCG64 stream's increment is)")
+    if _GAUSS <= state.keys():
+        _check_int(_plain_int(state["has_gauss"]), "has_gauss", 0, 1)
+        _check_finite(state["gauss"], "gauss")
+    bare = {key: value for key, value in state.items() if key not in _GAUSS}
     scratch = type(target)()
     try:
-        scratch.state = dict(state)
+        scratch.state = bare
     except (TypeError, ValueError, KeyError, OverflowError) as exc:
         raise InvalidField("state", f"refused by NumPy ({type(exc).__name__}: {exc})") from exc
-    if not _same(scratch.state, state):
+    if not _same(scratch.state, bare):
         raise InvalidField("state", f"holds values out of range for {expected}")
+
+
+def _check_layout(state: Mapping[str, Any], fields: set[str], kind: str) -> None:
+    """``state`` has exactly ``fields`` (dotted names reach into ``state``), gauss aside."""
+    inner = state.get("state")
+    if not isinstance(inner, Mapping):
+        raise InvalidField("state", f"must be a dict, not {type(inner).__name__}")
+    outer = {field for field in fields if "." not in field} | {"state"}
+    nested = {field.partition(".")[2] for field in fields if "." in field}
+    gauss = _GAUSS & state.keys()
+    for where, have, want in (("", set(state) - gauss, outer), ("state.", set(inner), nested)):
+        if have != want:
+            missing = [where + name for name in sorted(want - have)]
+            extra = [where + name for name in sorted(map(str, have - want))]
+            problems = [f"lacks {', '.join(missing)}"] if missing else []
+            problems += [f"holds unknown {', '.join(extra)}"] if extra else []
+            raise InvalidField("layout", f"a {kind} state {' and '.join(problems)}")
+    if gauss and gauss != _GAUSS:
+        raise InvalidField("layout", "has_gauss and gauss come together or not at all")
+
+
+def _field(state: Mapping[str, Any], field: str) -> Any:
+    outer, _, inner = field.partition(".")
+    return state[outer][inner] if inner else state[outer]
+
+
+def _plain_int(value: object) -> object:
+    """NumPy integers as ints, so that :func:`_check_int` judges their value."""
+    return int(value) if isinstance(value, np.integer) else value
 
 
 def check_torch(state: torch.Tensor, scratch: torch.Generator, field: str = "state") -> None:

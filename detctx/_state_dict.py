@@ -3,22 +3,13 @@
 ``Snapshot.state_dict()`` turns every captured state into tensors, ints,
 floats, strings, ``None``, lists and dicts, so that ``torch.save`` followed by
 ``torch.load(..., weights_only=True)`` brings it back with no pickled NumPy
-objects and no allow-list. Each source kind has its own conversion:
+objects and no allow-list. Each source converts its own state:
 
-- ``python`` (``random.Random``): the 625-word Mersenne Twister state as an
-  int64 tensor, plus the version and the cached Gaussian.
-- ``numpy-legacy`` (``RandomState``): the 624 key words as an int64 tensor,
-  plus position and cached Gaussian.
-- ``numpy-bitgen`` (a ``Generator``'s bit generator, or a ``RandomState``
-  built on a bit generator other than MT19937): the state dict, with each
-  array stored as its raw bytes and dtype.
-- ``torch``: the generator's state tensor.
-- ``accelerator``: one state tensor per device; ``accelerator-uninitialised``:
-  the seed that was pending for a device type the program had not used (the
-  lazy queue it was read from belongs to the process, so restoring re-queues
-  the seed instead of rewinding a queue).
+- a built-in source (Python, NumPy, torch CPU, each accelerator) knows its
+  checkpoint form (:class:`~detctx._sources.Checkpointable`): the kinds it
+  writes and reads, and the checks of every value it reads back;
 - ``custom``: a user source with ``state_to_plain(state)`` and
-  ``state_from_plain(plain)`` methods converts its own state.
+  ``state_from_plain(plain)`` methods converts its own state;
 - ``plain``: any other user source whose captured state is already plain
   data is stored as it is.
 
@@ -32,19 +23,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final, Protocol, runtime_checkable
 
-import numpy as np
-import torch
-
-from detctx import _state_checks as state_checks
-from detctx._accelerators import AcceleratorSource, Uninitialised
+from detctx import _plain as plain
+from detctx import _state_checks as checks
 from detctx._errors import CheckpointError
-from detctx._sources import (
-    NumpyGeneratorSource,
-    NumpyRandomStateSource,
-    PythonRandomSource,
-    RNGSource,
-    TorchGeneratorSource,
-)
+from detctx._sources import Checkpointable, RNGSource
 
 __all__ = [
     "FORMAT",
@@ -59,9 +41,6 @@ FORMAT: Final = "detctx.RNGState"
 
 VERSION: Final = 1
 """The layout version this detctx writes and reads."""
-
-_ARRAY_TAG: Final = "__ndarray__"
-
 
 @runtime_checkable
 class PlainStateSource(Protocol):
@@ -82,8 +61,8 @@ def encode(captured: list[tuple[str, RNGSource, Any]]) -> dict[str, Any]:
     """The state dict of ``(name, source, captured state)`` triples."""
     entries: dict[str, Any] = {}
     for name, source, state in captured:
-        kind, plain = _encode_one(name, source, state)
-        entries[name] = {"kind": kind, "state": plain}
+        kind, stored = _form(name, source).to_checkpoint(state)
+        entries[name] = {"kind": kind, "state": stored}
     return {"format": FORMAT, "version": VERSION, "sources": entries}
 
 
@@ -143,57 +122,24 @@ def _check_header(state_dict: object) -> Mapping[str, Any]:
     return entries
 
 
-def _encode_one(name: str, source: RNGSource, state: Any) -> tuple[str, Any]:
-    if isinstance(source, PlainStateSource):
-        plain = source.state_to_plain(state)
-        _require_plain(name, plain, "its state_to_plain() result")
-        return "custom", plain
-    if isinstance(source, PythonRandomSource):
-        version, internal, gauss_next = state
-        return "python", {
-            "version": int(version),
-            "internal": torch.tensor(internal, dtype=torch.int64),
-            "gauss_next": gauss_next,
-        }
-    if isinstance(source, NumpyRandomStateSource) and isinstance(state, tuple):
-        bit_generator, key, pos, has_gauss, cached_gaussian = state
-        return "numpy-legacy", {
-            "bit_generator": str(bit_generator),
-            "key": torch.from_numpy(np.asarray(key, dtype=np.int64)),
-            "pos": int(pos),
-            "has_gauss": int(has_gauss),
-            "cached_gaussian": float(cached_gaussian),
-        }
-    if isinstance(source, (NumpyRandomStateSource, NumpyGeneratorSource)):
-        return "numpy-bitgen", _numpy_to_plain(state)
-    if isinstance(source, TorchGeneratorSource):
-        return "torch", state.clone()
-    if isinstance(source, AcceleratorSource):
-        if isinstance(state, Uninitialised):
-            return "accelerator-uninitialised", {"seed_before": int(state.seed_before)}
-        return "accelerator", {"devices": [device_state.clone() for device_state in state]}
-    _require_plain(name, state, "its captured state")
-    return "plain", state
-
-
-def _decode_one(name: str, source: RNGSource, kind: str, plain: Any) -> Any:
-    expected = _kinds_for(source)
-    if kind not in expected:
+def _decode_one(name: str, source: RNGSource, kind: str, stored: Any) -> Any:
+    form = _form(name, source)
+    if kind not in form.checkpoint_kinds:
         raise CheckpointError(
             f"the RNG state dict holds a {kind!r} state for source {name!r}, but the source "
             f"registered as {name!r} here is a {type(source).__name__}, which takes "
-            f"{' or '.join(map(repr, sorted(expected)))}: register the same kind of RNG under "
-            "that name before restoring"
+            f"{' or '.join(map(repr, sorted(form.checkpoint_kinds)))}: register the same kind "
+            "of RNG under that name before restoring"
         )
     try:
-        state = _DECODERS[kind](source, plain)
+        state = form.from_checkpoint(kind, stored)
         validate = getattr(source, "validate_state", None)
         if validate is not None:
             validate(state)
         return state
     except CheckpointError:
         raise
-    except state_checks.InvalidField as exc:
+    except checks.InvalidField as exc:
         raise CheckpointError(
             f"the RNG state dict's {kind!r} state for source {name!r} has an invalid "
             f"{exc.field}: {exc.reason}; nothing was restored (a corrupted or crafted checkpoint?)"
@@ -205,162 +151,54 @@ def _decode_one(name: str, source: RNGSource, kind: str, plain: Any) -> Any:
         ) from exc
 
 
-def _kinds_for(source: RNGSource) -> set[str]:
+def _form(name: str, source: RNGSource) -> Checkpointable:
+    """How ``source``'s state goes to and from a checkpoint: its own form, or a user's."""
     if isinstance(source, PlainStateSource):
-        return {"custom"}
-    if isinstance(source, PythonRandomSource):
-        return {"python"}
-    if isinstance(source, NumpyRandomStateSource):
-        return {"numpy-legacy", "numpy-bitgen"}
-    if isinstance(source, NumpyGeneratorSource):
-        return {"numpy-bitgen"}
-    if isinstance(source, TorchGeneratorSource):
-        return {"torch"}
-    if isinstance(source, AcceleratorSource):
-        return {"accelerator", "accelerator-uninitialised"}
-    return {"plain"}
+        return _Converted(name, source)
+    if isinstance(source, Checkpointable):
+        return source
+    return _AsIs(name)
 
 
-def _decode_python(source: RNGSource, plain: Any) -> Any:
-    internal = _tensor(plain["internal"], torch.int64).numpy()
-    state_checks.check_python(plain["version"], internal, plain["gauss_next"])
-    return (plain["version"], tuple(int(word) for word in internal.tolist()), plain["gauss_next"])
+class _Converted:
+    """A user source that converts its own state (``state_to_plain`` / ``state_from_plain``)."""
+
+    checkpoint_kinds: Final = frozenset({"custom"})
+
+    def __init__(self, name: str, source: PlainStateSource) -> None:
+        self._name = name
+        self._source = source
+
+    def to_checkpoint(self, state: Any) -> tuple[str, Any]:
+        stored = self._source.state_to_plain(state)
+        _require_plain(self._name, stored, "its state_to_plain() result")
+        return "custom", stored
+
+    def from_checkpoint(self, kind: str, stored: Any) -> Any:
+        return self._source.state_from_plain(stored)
 
 
-def _decode_numpy_legacy(source: RNGSource, plain: Any) -> Any:
-    assert isinstance(source, NumpyRandomStateSource)
-    words = _tensor(plain["key"], torch.int64).numpy()
-    state_checks.check_words(words, "key", state_checks.MT_WORDS)
-    fields = (plain["bit_generator"], plain["pos"], plain["has_gauss"], plain["cached_gaussian"])
-    state_checks.check_numpy_legacy(*fields)
-    if not isinstance(source.bit_generator, np.random.MT19937):
-        raise state_checks.InvalidField(
-            "bit_generator", f"this source's is {type(source.bit_generator).__name__}"
-        )
-    return (fields[0], words.astype(np.uint32), *fields[1:])
+class _AsIs:
+    """A user source whose captured state is plain data already."""
 
+    checkpoint_kinds: Final = frozenset({"plain"})
 
-def _decode_numpy_bitgen(source: RNGSource, plain: Any) -> Any:
-    assert isinstance(source, (NumpyRandomStateSource, NumpyGeneratorSource))
-    state = _numpy_from_plain(plain)
-    state_checks.check_bit_generator(state, source.bit_generator)
-    return state
+    def __init__(self, name: str) -> None:
+        self._name = name
 
+    def to_checkpoint(self, state: Any) -> tuple[str, Any]:
+        _require_plain(self._name, state, "its captured state")
+        return "plain", state
 
-def _decode_torch(source: RNGSource, plain: Any) -> Any:
-    assert isinstance(source, TorchGeneratorSource)
-    state = _tensor(plain, torch.uint8).clone()
-    state_checks.check_torch(state, torch.Generator(device=source.device))
-    return state
-
-
-def _decode_accelerator(source: RNGSource, plain: Any) -> Any:
-    assert isinstance(source, AcceleratorSource)
-    devices = plain["devices"]
-    if not isinstance(devices, list) or not devices:
-        raise TypeError("devices must be a non-empty list of state tensors")
-    present = source.state_count()
-    if len(devices) != present:
-        raise CheckpointError(
-            f"the RNG state dict holds states for {len(devices)} {source.device_type} devices, "
-            f"this process sees {present}: restore on the same number of devices (or make "
-            "the same devices visible)"
-        )
-    states = tuple(_tensor(device_state, torch.uint8).clone() for device_state in devices)
-    state_checks.check_accelerator(states, source.capture() if source.is_initialized() else None)
-    return states
-
-
-def _decode_uninitialised(source: RNGSource, plain: Any) -> Any:
-    seed_before = plain["seed_before"]
-    state_checks.check_pending_seed(seed_before)
-    return Uninitialised(seed_before, None)
-
-
-def _decode_custom(source: RNGSource, plain: Any) -> Any:
-    assert isinstance(source, PlainStateSource)
-    return source.state_from_plain(plain)
-
-
-def _decode_plain(source: RNGSource, plain: Any) -> Any:
-    return plain
-
-
-_DECODERS: Final = {
-    "python": _decode_python,
-    "numpy-legacy": _decode_numpy_legacy,
-    "numpy-bitgen": _decode_numpy_bitgen,
-    "torch": _decode_torch,
-    "accelerator": _decode_accelerator,
-    "accelerator-uninitialised": _decode_uninitialised,
-    "custom": _decode_custom,
-    "plain": _decode_plain,
-}
-
-
-def _tensor(value: Any, dtype: torch.dtype) -> torch.Tensor:
-    if not isinstance(value, torch.Tensor) or value.dtype != dtype:
-        raise TypeError(f"expected a {dtype} tensor, got {type(value).__name__}")
-    return value
-
-
-def _numpy_to_plain(value: Any) -> Any:
-    """NumPy bit-generator state (nested dicts of ints and arrays) as plain data."""
-    if isinstance(value, dict):
-        return {str(key): _numpy_to_plain(item) for key, item in value.items()}
-    if isinstance(value, np.ndarray):
-        contiguous = np.ascontiguousarray(value)
-        return {
-            _ARRAY_TAG: contiguous.dtype.str,
-            "shape": list(contiguous.shape),
-            "data": torch.from_numpy(contiguous.reshape(-1).view(np.uint8).copy()),
-        }
-    if isinstance(value, np.integer):
-        return int(value)
-    if isinstance(value, np.floating):
-        return float(value)
-    return value
-
-
-def _numpy_from_plain(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        if _ARRAY_TAG in value:
-            data = _tensor(value["data"], torch.uint8).numpy().tobytes()
-            array = np.frombuffer(data, dtype=np.dtype(value[_ARRAY_TAG]))
-            return array.reshape(tuple(value["shape"])).copy()
-        return {key: _numpy_from_plain(item) for key, item in value.items()}
-    return value
+    def from_checkpoint(self, kind: str, stored: Any) -> Any:
+        return stored
 
 
 def _require_plain(name: str, value: Any, what: str) -> None:
-    problem = _plain_problem(value, "state")
+    problem = plain.problem(value)
     if problem is not None:
         raise CheckpointError(
             f"cannot store source {name!r} in a state dict: {what} holds {problem}. Give the "
             "source state_to_plain(state) and state_from_plain(plain) methods that convert "
             "it to tensors, numbers, strings, lists and dicts"
         )
-
-
-def _plain_problem(value: Any, where: str) -> str | None:
-    """Where ``value`` holds something ``torch.load(weights_only=True)`` rejects, or None."""
-    if isinstance(value, np.generic):
-        # np.float64 subclasses float, yet is pickled as a NumPy object.
-        return f"a NumPy scalar ({type(value).__name__}) at {where}"
-    if value is None or isinstance(value, (bool, int, float, str, torch.Tensor)):
-        return None
-    if isinstance(value, (list, tuple)):
-        for index, item in enumerate(value):
-            problem = _plain_problem(item, f"{where}[{index}]")
-            if problem is not None:
-                return problem
-        return None
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                return f"a non-string key {key!r} in {where}"
-            problem = _plain_problem(item, f"{where}[{key!r}]")
-            if problem is not None:
-                return problem
-        return None
-    return f"a {type(value).__module__}.{type(value).__qualname__} at {where}"

@@ -1,4 +1,5 @@
-"""Shared test helpers: a clean process-global state per test, and subprocess runs."""
+"""Test fixtures: a clean process-global state per test, and subprocess runs (plain
+helpers that child scripts import too are in ``helpers.py``)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
+from helpers import DETERMINISM_ENV
 from hypothesis import settings
 
 # CI replays the same examples on every run (.ci/run sets CI=true), so
@@ -27,16 +28,6 @@ ROOT = TESTS.parent
 HIDE_CUDA = {"CUDA_VISIBLE_DEVICES": ""}
 """``run_python(..., env=HIDE_CUDA)``: a child that must see no CUDA device (the simulated
 NPU as the only accelerator; CUDA's own lazy seeding would add to what a test counts)."""
-
-DETERMINISM_ENV = (
-    "PYTHONHASHSEED",
-    "CUBLAS_WORKSPACE_CONFIG",
-    "HCCL_DETERMINISTIC",
-    "CLOSE_MATMUL_K_SHIFT",
-    "FLASH_ATTENTION_DETERMINISTIC",
-    "DETCTX_SEED",
-    "TORCHINDUCTOR_DETERMINISTIC",
-)
 
 
 @pytest.fixture(autouse=True)
@@ -64,12 +55,12 @@ def _isolated_globals() -> Iterator[None]:
 
 def run_python(
     code: str,
-    *,
+    *args: str,
     timeout: float = 120,
     env: dict[str, str] | None = None,
     path: tuple[str, ...] = (),
 ) -> str:
-    """Run ``code`` in a fresh interpreter with ``path`` and ``tests/`` importable.
+    """Run ``code`` with ``args`` in a fresh interpreter, ``path`` and ``tests/`` importable.
 
     Returns its stdout; fails the test with the child's output if it exits non-zero.
     """
@@ -80,7 +71,7 @@ def run_python(
         [*path, str(TESTS), str(ROOT), child_env.get("PYTHONPATH", "")]
     )
     proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
+        [sys.executable, "-c", textwrap.dedent(code), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -92,13 +83,6 @@ def run_python(
             f"child exited {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
         )
     return proc.stdout
-
-
-def draws() -> tuple[object, ...]:
-    """One draw from each of Python, NumPy and torch's CPU generator."""
-    import random
-
-    return (random.random(), float(np.random.rand()), float(torch.rand(1)))
 
 
 class CounterSource:

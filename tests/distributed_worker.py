@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from helpers import draws
 
 import detctx
 from detctx import (
@@ -34,10 +35,6 @@ from detctx import (
 
 # Short, so that the scenarios where ranks are missing finish in seconds.
 FAILURE_TIMEOUT_S = 1.0
-
-
-def draws() -> list[float]:
-    return [random.random(), float(np.random.rand()), *torch.rand(2).tolist()]
 
 
 def agreement(rank: int, world: int) -> dict[str, Any]:

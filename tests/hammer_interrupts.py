@@ -1,4 +1,5 @@
-"""Randomly timed SIGINTs against blocks and decorated generator steps; counts corruptions.
+"""Randomly timed SIGINTs against blocks, generator steps and distributed blocks; counts
+corruptions.
 
 Run by ``tests/test_interrupts.py`` in a child process (signals and the pytest
 process do not mix): ``python tests/hammer_interrupts.py SIGNALS`` prints one
@@ -17,20 +18,18 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
 
 import numpy as np
 import torch
+from helpers import DETERMINISM_ENV, generator_steps, mindspeed_seed
 
 import detctx
-from detctx import _blocks as frames
-
-ENV = ("PYTHONHASHSEED", "CUBLAS_WORKSPACE_CONFIG", "HCCL_DETERMINISTIC", "CLOSE_MATMUL_K_SHIFT")
+from detctx import _blocks as block_stack
 
 
 def world() -> tuple[object, ...]:
     flags = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark)
-    return detctx.fingerprint(), flags, tuple(os.environ.get(name) for name in ENV)
+    return detctx.fingerprint(), flags, tuple(os.environ.get(name) for name in DETERMINISM_ENV)
 
 
 def lock_is_free() -> bool:
@@ -45,14 +44,6 @@ def lock_is_free() -> bool:
     return done.wait(10)
 
 
-@detctx.deterministic(seed=5)
-def augment() -> Iterator[float]:
-    while True:
-        with detctx.deterministic(seed=6):
-            yield float(np.random.rand())
-        yield random.random() + torch.rand(1).item()
-
-
 def blocks() -> None:
     while True:
         with detctx.deterministic(seed=1):
@@ -61,19 +52,31 @@ def blocks() -> None:
                 random.random()
 
 
-def generator_steps() -> None:
-    steps = augment()
-    try:
-        while True:
-            next(steps)
-    finally:
-        steps.close()
+def distributed_blocks() -> None:
+    # verify=True adds the entry and exit checks; in a group of one they gather nothing.
+    while True:
+        with detctx.distributed_deterministic(seed=3, verify=True):
+            np.random.rand()
+            with detctx.distributed_deterministic(seed=4, per_rank=True):
+                random.random()
+
+
+MODES = {
+    "blocks": blocks,
+    "generator steps": generator_steps,
+    "distributed blocks": distributed_blocks,
+}
+
+
+def one_rank_group() -> None:
+    """A gloo group of one rank, as ``torchrun --nproc-per-node 1`` would make."""
+    store = torch.distributed.HashStore()
+    torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
 
 
 def main(signals: int) -> None:
-    random.seed(123)
-    np.random.seed(123)
-    torch.manual_seed(123)
+    one_rank_group()
+    mindspeed_seed(123)
     baseline = world()
     timing = random.Random(99)
     armed = threading.Event()
@@ -89,22 +92,21 @@ def main(signals: int) -> None:
             os.kill(os.getpid(), signal.SIGINT)
 
     threading.Thread(target=shoot, daemon=True).start()
-    lost = {"blocks": 0, "generator steps": 0}
-    sent = {"blocks": 0, "generator steps": 0}
+    lost = dict.fromkeys(MODES, 0)
+    sent = dict.fromkeys(MODES, 0)
     for index in range(signals):
-        mode, run = (("blocks", blocks), ("generator steps", generator_steps))[index % 2]
+        mode = list(MODES)[index % len(MODES)]
+        run = MODES[mode]
         try:
             armed.set()
             run()
         except KeyboardInterrupt:
             pass
         sent[mode] += 1
-        if detctx.open_blocks() or frames.context_frames() or world() != baseline:
+        if detctx.open_blocks() or block_stack.entered_here() or world() != baseline:
             lost[mode] += 1
             print(f"corrupted after signal {index} ({mode})", file=sys.stderr)
-            random.seed(123)
-            np.random.seed(123)
-            torch.manual_seed(123)
+            mindspeed_seed(123)
         if index % 500 == 0 and not lock_is_free():
             lost[mode] += 1
             print(f"lock held after signal {index} ({mode})", file=sys.stderr)

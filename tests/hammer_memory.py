@@ -15,7 +15,7 @@ import sys
 import tracemalloc
 
 import numpy as np
-from hammer_interrupts import augment
+from helpers import augment
 
 import detctx
 

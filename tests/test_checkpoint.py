@@ -5,21 +5,17 @@ from __future__ import annotations
 import io
 import json
 import random
-import subprocess
-import sys
-import textwrap
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from conftest import run_python
+from helpers import draws
 
 import detctx
 from detctx._state_dict import VERSION
-
-TESTS = Path(__file__).resolve().parent
 
 
 def save_and_load(obj: Any) -> Any:
@@ -27,21 +23,6 @@ def save_and_load(obj: Any) -> Any:
     torch.save(obj, buffer)
     buffer.seek(0)
     return torch.load(buffer, weights_only=True)
-
-
-def draws(*generators: Any) -> list[float]:
-    """One draw from every global RNG and from each extra generator."""
-    values = [random.random(), float(np.random.rand()), torch.rand(1).item()]
-    for generator in generators:
-        if isinstance(generator, torch.Generator):
-            values.append(torch.rand(1, generator=generator).item())
-        elif isinstance(generator, np.random.Generator):
-            values.append(float(generator.random()))
-        elif isinstance(generator, np.random.RandomState):
-            values.append(float(generator.rand()))
-        else:
-            values.append(generator.random())
-    return values
 
 
 def assert_plain(value: Any, where: str = "state_dict") -> None:
@@ -235,18 +216,6 @@ def test_a_truncated_python_state_is_reported_as_malformed():
 
     with pytest.raises(detctx.CheckpointError, match="'python' state for source 'python'"):
         detctx.RNGState.from_state_dict(state_dict)
-
-
-def run_python(code: str, *args: str) -> str:
-    result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code), *args],
-        capture_output=True,
-        text=True,
-        cwd=TESTS,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr
-    return result.stdout
 
 
 def test_accelerator_states_round_trip_initialised_or_not():

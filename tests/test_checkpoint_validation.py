@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import DETERMINISM_ENV, CounterSource, run_python
+from conftest import CounterSource, run_python
+from helpers import DETERMINISM_ENV, draws
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -220,7 +221,7 @@ def test_a_restore_that_fails_half_way_puts_every_source_back_first() -> None:
         with detctx.deterministic(seed=3):
             saved = detctx.capture()
             checkpoint = saved.state_dict()
-        random.random(), np.random.rand(), torch.rand(1)
+        draws()
         flaky.gone = True
         before = _world()
 

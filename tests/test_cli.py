@@ -281,3 +281,17 @@ def test_doctor_shows_every_variable_a_block_sets_or_puts_back() -> None:
     shown = diagnose().environment
     for name in (*(s.variable for s in env_switches()), inductor.VARIABLE, *WATCHED.variables):
         assert name in shown, name
+
+
+def test_the_doctor_is_content_with_every_value_a_block_writes_or_keeps() -> None:
+    from detctx._switches import env_switches
+
+    devices = [
+        {"type": "cuda", "count": 1, "initialised": False},
+        {"type": "npu", "count": 1, "initialised": False},
+    ]
+    for switch in env_switches():
+        written = {switch.target(setting, 7, None) for setting in switch.values}
+        for value in written | switch.keep:
+            report = Diagnosis({}, devices, {}, {switch.variable: value})
+            assert not [text for text in advise(report) if switch.variable in text], value

@@ -13,18 +13,11 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from conftest import CounterSource, draws
+from conftest import CounterSource
+from helpers import draws, mindspeed_seed
 
 import detctx
 from detctx._errors import DeterminismWarning, OutOfOrderExitError
-
-
-def mindspeed_seed(s: int) -> None:
-    """MindSpeed-LLM's seeding order (also Lightning's seed_everything, HF's set_seed)."""
-    random.seed(s)
-    np.random.seed(s)
-    torch.manual_seed(s)
-
 
 # --- seeding ------------------------------------------------------------------------------------
 
@@ -513,9 +506,9 @@ def test_the_lock_is_released_after_a_failed_entry() -> None:
 
 
 def test_a_thread_kept_waiting_is_told_why(monkeypatch: pytest.MonkeyPatch) -> None:
-    from detctx import _blocks as frames
+    from detctx import _transaction as transaction
 
-    monkeypatch.setattr(frames, "WAIT_BEFORE_WARNING_S", 0.05)
+    monkeypatch.setattr(transaction, "WAIT_BEFORE_WARNING_S", 0.05)
     caught: list[warnings.WarningMessage] = []
     entered = threading.Event()
 

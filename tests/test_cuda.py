@@ -33,31 +33,31 @@ def test_every_cuda_device_is_seeded_in_the_block_and_continues_its_stream_after
         """
         import torch, detctx
 
-        def draws(device):
+        def cuda_rand(device):
             return torch.rand(4, device=f"cuda:{device}").cpu()
 
         devices = range(torch.cuda.device_count())
         torch.manual_seed(5)
         for device in devices:
-            draws(device)
+            cuda_rand(device)
         saved = [torch.cuda.get_rng_state(device) for device in devices]
-        expected_after = {device: draws(device) for device in devices}  # the stream, unblocked
+        expected_after = {device: cuda_rand(device) for device in devices}  # the stream, unblocked
         for device, state in zip(devices, saved):
             torch.cuda.set_rng_state(state, device)
 
         with detctx.deterministic(seed=0) as seeding:
             assert "cuda" in seeding.sources
-            inside = {device: draws(device) for device in devices}
-        after = {device: draws(device) for device in devices}
+            inside = {device: cuda_rand(device) for device in devices}
+        after = {device: cuda_rand(device) for device in devices}
         assert all(torch.equal(after[device], expected_after[device]) for device in devices)
         torch.cuda.manual_seed_all(0)
-        assert all(torch.equal(inside[device], draws(device)) for device in devices)
+        assert all(torch.equal(inside[device], cuda_rand(device)) for device in devices)
 
         state = detctx.capture()                     # a snapshot holds every device's state
         assert len(state["cuda"]) == torch.cuda.device_count()
-        first = {device: draws(device) for device in devices}
+        first = {device: cuda_rand(device) for device in devices}
         state.restore()
-        assert all(torch.equal(draws(device), first[device]) for device in devices)
+        assert all(torch.equal(cuda_rand(device), first[device]) for device in devices)
         print("ok")
         """
     )

@@ -6,26 +6,18 @@ import asyncio
 import functools
 import inspect
 import itertools
-import random
 import threading
 import unittest
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from conftest import draws
+from helpers import draws, mindspeed_seed
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import detctx
-
-
-def mindspeed_seed(s: int) -> None:
-    random.seed(s)
-    np.random.seed(s)
-    torch.manual_seed(s)
 
 
 def seeded_draws(seed: int, count: int) -> list[tuple[object, ...]]:

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 import torch
-from conftest import DETERMINISM_ENV
+from helpers import DETERMINISM_ENV, draws, generator_steps
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -50,26 +50,9 @@ def nested_blocks() -> None:
             random.random(), torch.rand(1)
 
 
-@detctx.deterministic(seed=3)
-def augment() -> Iterator[float]:
-    with detctx.deterministic(seed=4):
-        yield float(np.random.rand())
-    yield random.random()
-    yield float(torch.rand(1))
-
-
-def generator_steps() -> None:
-    steps = augment()
-    try:
-        for _ in steps:
-            pass
-    finally:
-        steps.close()
-
-
 PROGRAMS: dict[str, Callable[[], None]] = {
     "nested blocks": nested_blocks,
-    "generator steps": generator_steps,
+    "generator steps": lambda: generator_steps(rounds=1),
     "seed_all": lambda: detctx.seed_all(9) and None,
     "restore a checkpoint": lambda: detctx.restore(detctx.capture().state_dict()),
 }
@@ -91,7 +74,7 @@ def test_an_interrupt_from_any_source_call_leaves_the_rest_whole(
     detctx.register_source("tripwire", tripwire)
     detctx.register_source("sampler", random.Random(5))  # restored after the tripwire
     try:
-        random.random(), np.random.rand(), torch.rand(1)
+        draws()
         before = world()
         tripwire.trip_at = trip_at
         try:

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 from collections.abc import Iterator
 
-import numpy as np
 import pytest
 import torch
-from conftest import DETERMINISM_ENV, CounterSource, run_python
+from conftest import CounterSource, run_python
+from helpers import DETERMINISM_ENV, draws
 
 import detctx
 
@@ -28,7 +27,7 @@ def _world() -> tuple[str, bool, dict[str, str | None]]:
 
 
 def test_seed_all_whose_registered_source_cannot_be_seeded_leaves_nothing_seeded() -> None:
-    random.random(), np.random.rand(), torch.rand(1)
+    draws()
     detctx.register_source("unseedable", _Unseedable())
     try:
         before = _world()
@@ -37,6 +36,35 @@ def test_seed_all_whose_registered_source_cannot_be_seeded_leaves_nothing_seeded
         assert _world() == before
     finally:
         detctx.unregister_source("unseedable")
+
+
+class _RefusesOldStates(CounterSource):
+    """A user RNG that cannot go back to a state below its current one."""
+
+    def restore(self, state: int) -> None:
+        if state < self.value:
+            raise RuntimeError(f"cannot rewind from {self.value} to {state}")
+        self.value = state
+
+
+@pytest.mark.parametrize("restore", ["Snapshot.restore", "detctx.restore"])
+def test_a_restore_with_one_source_that_fails_changes_nothing(restore: str) -> None:
+    counter = _RefusesOldStates()
+    detctx.register_source("one-way", counter)
+    try:
+        saved = detctx.Snapshot.capture()
+        draws()
+        counter.value = 5
+        before = _world()
+        with pytest.raises(RuntimeError, match="cannot rewind"):
+            if restore == "Snapshot.restore":
+                saved.restore()
+            else:
+                detctx.restore(saved.state_dict())
+        assert _world() == before
+        assert counter.value == 5
+    finally:
+        detctx.unregister_source("one-way")
 
 
 def test_a_child_forked_while_another_thread_is_inside_a_block_can_enter_blocks() -> None:
@@ -75,6 +103,59 @@ def test_a_child_forked_while_another_thread_is_inside_a_block_can_enter_blocks(
         timeout=60,
     )
     assert "child exit 0" in output
+
+
+@pytest.mark.parametrize("holder", ["nested blocks", "a generator step"])
+def test_a_child_forked_while_another_thread_is_inside_a_block_gets_the_state_from_before_it(
+    holder: str,
+) -> None:
+    output = run_python(
+        f"""
+        import os, random, threading, time
+        import numpy as np, torch, detctx
+
+        def world():
+            return (detctx.fingerprint(), torch.are_deterministic_algorithms_enabled(),
+                    os.environ.get("PYTHONHASHSEED"), os.environ.get("HCCL_DETERMINISTIC"))
+
+        random.seed(11); np.random.seed(11); torch.manual_seed(11)
+        before = world()
+        inside, leave = threading.Event(), threading.Event()
+
+        @detctx.deterministic(seed=4)
+        def steps():
+            inside.set()
+            leave.wait()
+            yield 1
+
+        def hold():
+            if {holder!r} == "nested blocks":
+                with detctx.deterministic(seed=1), detctx.deterministic(seed=2):
+                    inside.set()
+                    leave.wait()
+            else:
+                next(steps())
+
+        thread = threading.Thread(target=hold)
+        thread.start()
+        inside.wait()
+        assert world() != before  # the other thread's block is in force here
+        pid = os.fork()
+        if pid == 0:
+            ok = world() == before and detctx.open_blocks() == ()
+            with detctx.deterministic(seed=2):
+                pass
+            os._exit(0 if ok and world() == before else 3)
+        _, status = os.waitpid(pid, 0)
+        print("child exit", os.waitstatus_to_exitcode(status))
+        leave.set()
+        thread.join()
+        print("parent whole", world() == before)
+        """,
+        timeout=60,
+    )
+    assert "child exit 0" in output
+    assert "parent whole True" in output
 
 
 def test_a_child_forked_inside_a_block_still_exits_that_block() -> None:

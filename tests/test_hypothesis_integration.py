@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import random
 import re
 
-import numpy as np
 import pytest
 import torch
+from helpers import draws, mindspeed_seed
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -19,11 +18,7 @@ pytest_plugins = ["pytester"]
 EXAMPLES = settings(max_examples=25, database=None, deadline=None)
 
 
-def draws() -> tuple[float, float, float]:
-    return (random.random(), float(np.random.rand()), float(torch.rand(())))
-
-
-def seeded(seed: int) -> tuple[float, float, float]:
+def seeded(seed: int) -> tuple[float, ...]:
     with detctx.deterministic(seed=seed):
         return draws()
 
@@ -42,7 +37,7 @@ def test_a_plain_given_test_sees_a_new_torch_stream_in_every_example_without_det
 
 
 def test_the_decorator_on_a_given_test_starts_every_example_from_the_seed() -> None:
-    seen: list[tuple[float, float, float]] = []
+    seen: list[tuple[float, ...]] = []
     switched_on: list[bool] = []
 
     @detctx.deterministic(seed=5)
@@ -52,9 +47,7 @@ def test_the_decorator_on_a_given_test_starts_every_example_from_the_seed() -> N
         seen.append(draws())
         switched_on.append(torch.are_deterministic_algorithms_enabled())
 
-    random.seed(1)
-    np.random.seed(1)
-    torch.manual_seed(1)
+    mindspeed_seed(1)
     before = detctx.fingerprint()
     check()
 

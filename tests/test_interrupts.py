@@ -1,6 +1,7 @@
 """Ctrl-C at any moment leaves no block open, no lock held and no RNG half restored.
 
-CI sends 100 randomly timed SIGINTs (a few seconds); set
+CI sends 150 randomly timed SIGINTs (blocks, generator steps, distributed blocks
+in a one-rank gloo group) (a few seconds); set
 ``DETCTX_HAMMER_SIGNALS=6000`` for the full hammering run.
 """
 
@@ -34,12 +35,13 @@ def hammer(script: str, count: int) -> tuple[dict[str, Any], str]:
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
 
 
-def test_randomly_timed_sigints_in_blocks_and_generator_steps_corrupt_nothing() -> None:
-    signals = int(os.environ.get("DETCTX_HAMMER_SIGNALS", "100"))
+def test_randomly_timed_sigints_in_every_kind_of_block_and_step_corrupt_nothing() -> None:
+    signals = int(os.environ.get("DETCTX_HAMMER_SIGNALS", "150"))
     report, errors = hammer("hammer_interrupts.py", signals)
+    modes = ("blocks", "generator steps", "distributed blocks")
     assert report == {
-        "sent": {"blocks": signals - signals // 2, "generator steps": signals // 2},
-        "corrupted": {"blocks": 0, "generator steps": 0},
+        "sent": {mode: len(range(index, signals, len(modes))) for index, mode in enumerate(modes)},
+        "corrupted": dict.fromkeys(modes, 0),
         "lock_free": True,
     }
     assert errors == ""

@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 
 pytest.importorskip("lightning.pytorch")
 
 from conftest import TESTS
+from helpers import mindspeed_seed
 from lightning_fit import SEED, build_model, framework, trainer, weights
 
 import detctx
@@ -177,9 +176,7 @@ def test_a_checkpoint_saved_during_validation_holds_the_training_streams(tmp_pat
 
 def test_after_a_fit_every_rng_flag_and_lightning_variable_is_as_before() -> None:
     os.environ["PL_GLOBAL_SEED"] = "99"
-    random.seed(1)
-    np.random.seed(1)
-    torch.manual_seed(1)
+    mindspeed_seed(1)
     before = detctx.fingerprint()
 
     fit(DeterministicCallback(seed=SEED))

@@ -10,6 +10,7 @@ from typing import Union
 
 import numpy as np
 import torch
+from helpers import mindspeed_seed
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -84,9 +85,7 @@ def execute(
 
 def expected(program: Program, seed: int, out: list, scope: tuple = ()) -> None:
     """What each scope must draw: its own direct draws from a fresh seeded world."""
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
+    mindspeed_seed(seed)
     out.extend((scope, draw(step)) for step in program if isinstance(step, str))
     for index, step in enumerate(program):
         if isinstance(step, Block):
@@ -113,17 +112,13 @@ def test_any_program_of_blocks_matches_the_reference(program: Program, start: in
     expected(program, start, reference)
     # Outer code continues as if no block ran: its final state is the reference's after its
     # own draws only.
-    random.seed(start)
-    np.random.seed(start)
-    torch.manual_seed(start)
+    mindspeed_seed(start)
     for step in program:
         if isinstance(step, str):
             draw(step)
     final_reference = detctx.fingerprint()
 
-    random.seed(start)
-    np.random.seed(start)
-    torch.manual_seed(start)
+    mindspeed_seed(start)
     trace: list = []
     execute(program, {}, trace)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import os
 import pkgutil
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import draws, mindspeed_seed
 
 import detctx
 from detctx.pytest_plugin import node_seed
@@ -52,28 +54,31 @@ def _library_imported_before_in_process_runs() -> None:
     for name in library_modules():
         importlib.import_module(name)
 
-DRAWS = """
+
+# The inner projects get a copy of the shared helpers under a name of their own: pytester
+# runs them in this process, where ``helpers`` is already this directory's module.
+INNER_HELPERS = f"""
+from __future__ import annotations
+
 import random
 
 import numpy as np
 import torch
 
 
-def draws():
-    return (random.random(), float(np.random.rand()), float(torch.rand(1)))
+{inspect.getsource(draws)}
 
+{inspect.getsource(mindspeed_seed)}
 
 # Keep the test's seed in seeds/ (a file each: pytest-xdist workers run at the same time).
 def record(request, seeding):
     folder = request.config.rootpath / "seeds"
     folder.mkdir(exist_ok=True)
-    (folder / request.node.name).write_text(f"{request.node.nodeid} {seeding.seed}")
+    (folder / request.node.name).write_text(f"{{request.node.nodeid}} {{seeding.seed}}")
 
 
 def seeded(seed):
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
+    mindspeed_seed(seed)
     return draws()
 """
 
@@ -90,7 +95,7 @@ def seeds_recorded(pytester: pytest.Pytester) -> dict[str, int]:
 
 @pytest.fixture
 def helpers(pytester: pytest.Pytester) -> pytest.Pytester:
-    pytester.makepyfile(helpers=DRAWS)
+    pytester.makepyfile(inner_helpers=INNER_HELPERS)
     return pytester
 
 
@@ -101,7 +106,7 @@ def test_the_marker_runs_the_test_and_its_fixtures_in_a_seeded_block(
         test_marker="""
         import pytest
         import torch
-        from helpers import draws, seeded
+        from inner_helpers import draws, seeded
 
         @pytest.fixture
         def weights():
@@ -137,7 +142,7 @@ def test_an_in_process_run_leaves_one_copy_of_every_library_module(
     helpers.makepyfile(
         test_marked="""
         import pytest
-        from helpers import draws
+        from inner_helpers import draws
 
         @pytest.mark.deterministic(seed=3)
         def test_draws():
@@ -154,7 +159,7 @@ def test_the_detctx_seeding_fixture_reports_the_active_block(helpers: pytest.Pyt
         test_fixture="""
         import pytest
         import torch
-        from helpers import draws, seeded
+        from inner_helpers import draws, seeded
 
         @pytest.mark.deterministic(seed=9)
         def test_inside_the_markers_block(detctx_seeding):
@@ -206,7 +211,7 @@ def test_bad_marker_arguments_fail_that_test_with_a_clear_message(
 
 SEEDED_SESSION = """
 import pytest
-from helpers import draws, record, seeded
+from inner_helpers import draws, record, seeded
 
 def test_a(detctx_seeding, request):
     record(request, detctx_seeding)

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from detctx._cli.curves import (
-    Comparison,
+    CurveComparison,
     compare,
     compile_pattern,
     describe,
@@ -28,7 +28,7 @@ from detctx._cli.curves import (
 )
 from detctx._cli.logs import read_curve
 from detctx._cli.plot_target import check_plot_path
-from detctx._cli.signals import Stopped, forwarded_signals
+from detctx._cli.signals import Stopped, forwarded_signals, raise_pending
 from detctx._errors import DetctxError, MetricsError
 from detctx._seeds import DEFAULT_SEED, SEED_ENV, parse_seed, resolve_seed
 
@@ -192,7 +192,7 @@ def _doctor(args: argparse.Namespace) -> int:
     if args.probe:
         from detctx._cli import probe
 
-        return probe.main(args.device, args.json)
+        return probe.main(args.device, as_json=args.json)
     if args.device:
         raise ValueError("--device chooses the devices of --probe: add --probe")
     from detctx._doctor import diagnose
@@ -224,19 +224,22 @@ def _run(
     env = determinism_env(seed, os.environ)
     shown = " ".join(f"{name}={env[name]}" for name in determinism_variables())
     sys.stderr.write(f"detctx run: {args.runs} runs of {shlex.join(command)}\n  with {shown}\n")
+    logs = [log_file(args.log_dir, index) for index in range(1, args.runs + 1)]
     tracing = None
     if args.locate:
         from detctx._cli.locate import Tracing
 
         tracing = Tracing.start(args.log_dir)
+        tracing.check(args.runs)
     curves = []
     for index in range(1, args.runs + 1):
+        raise_pending()
         curve = run_command(
             command,
             env if tracing is None else tracing.env_for(index, env),
             pattern,
             f"run {index}",
-            log_path=log_file(args.log_dir, index),
+            log_path=logs[index - 1],
             echo=args.verbose,
         )
         if not curve.points and tracing is None:
@@ -247,7 +250,7 @@ def _run(
     return _report(compare(curves), args.plot)
 
 
-def _report(comparison: Comparison, plot_path: Path | None) -> int:
+def _report(comparison: CurveComparison, plot_path: Path | None) -> int:
     print(describe(comparison))
     verdict = AGREE if comparison.agree else DIFFER
     if plot_path is not None:

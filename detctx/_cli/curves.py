@@ -23,8 +23,9 @@ from detctx._errors import MetricsError, MissingDependencyError
 __all__ = [
     "DEFAULT_PATTERN",
     "METRIC_VALUE",
-    "Comparison",
+    "PATTERN_REACH",
     "Curve",
+    "CurveComparison",
     "Point",
     "compare",
     "compile_pattern",
@@ -43,8 +44,12 @@ METRIC_VALUE: Final = (
 """A metric's number as logs print it: ``0.5``, ``1.2E+00``, ``nan``, quoted (``'0.5'``,
 transformers 5.x) or in a printed tensor (``tensor(0.5000, ...)``); the group ``value``."""
 
+# "\s*[:=]?\s*" would read the same lines, but a line of "loss" and n spaces
+# then makes the engine try every split of the spaces between the two "\s*":
+# 2,000 spaces took 0.86 s, 8,000 took 12.9 s (benchmarks/hammer_patterns.py).
+# "\s*(?:[:=]\s*)?" matches the same text and backtracks once per space.
 DEFAULT_PATTERN: Final = (
-    r"(?i)(?<![\w.-])(?:(?:lm|train)[ _])?loss['\"]?\s*[:=]?\s*" + METRIC_VALUE
+    r"(?i)(?<![\w.-])(?:(?:lm|train)[ _])?loss['\"]?\s*(?:[:=]\s*)?" + METRIC_VALUE
 )
 """The default metric pattern: the first training loss on a line, in any letter case.
 
@@ -58,9 +63,20 @@ loss scale are not part of the curve.
 """
 
 _STEP: Final = re.compile(
-    r"(?<![\w.])(?:global_step|step|iteration|iter)['\"]?\s*[:=]?\s*(\d+)", re.IGNORECASE
+    r"(?<![\w.])(?:global_step|step|iteration|iter)['\"]?\s*(?:[:=]\s*)?(\d+)", re.IGNORECASE
 )
 _LINE_END: Final = re.compile(r"\r\n|\r|\n")
+
+PATTERN_REACH: Final = 4096
+"""How many characters of a line a ``--pattern`` regex is searched in.
+
+detctx's own patterns (the default, the step, ``--metric``'s) take time
+linear in a line's length. A user's regex may not: a pattern that backtracks
+could spend minutes on one long line and stall a run, so it only sees each
+line's first 4,096 characters (metric lines are a few hundred). A metric
+printed further along a line is not read with ``--pattern``."""
+
+_linear_sources: Final = {DEFAULT_PATTERN}
 
 
 @dataclass(frozen=True)
@@ -86,17 +102,23 @@ class Curve:
     points: tuple[Point, ...]
 
 
-def compile_pattern(pattern: str | None) -> re.Pattern[str]:
+def compile_pattern(pattern: str | None, *, linear: bool = False) -> re.Pattern[str]:
     """The metric regex: ``pattern`` or :data:`DEFAULT_PATTERN`.
 
     The value is the group named ``value``, else group 1, else the whole match.
-    Raises ``ValueError`` for a pattern that does not compile.
+    A user's pattern is searched in the first :data:`PATTERN_REACH`
+    characters of each line; ``linear=True`` (a pattern detctx built, known
+    to take linear time) lifts that. Raises ``ValueError`` for a pattern
+    that does not compile.
     """
     source = DEFAULT_PATTERN if pattern is None else pattern
     try:
-        return re.compile(source)
+        compiled = re.compile(source)
     except re.error as exc:
         raise ValueError(f"bad metric pattern {source!r}: {exc}") from None
+    if linear:
+        _linear_sources.add(source)
+    return compiled
 
 
 def split_lines(text: str) -> list[str]:
@@ -119,7 +141,8 @@ def extract(lines: Iterable[str], pattern: re.Pattern[str], name: str = "log") -
 
 def parse_line(line: str, number: int, pattern: re.Pattern[str], name: str) -> Point | None:
     """The metric point on one line, or ``None`` when the pattern does not match it."""
-    match = pattern.search(line)
+    reach = len(line) if pattern.pattern in _linear_sources else PATTERN_REACH
+    match = pattern.search(line, 0, reach)
     if match is None:
         return None
     if "value" in pattern.groupindex:
@@ -165,7 +188,7 @@ def no_points_message(name: str, pattern: re.Pattern[str]) -> str:
 
 
 @dataclass(frozen=True)
-class Comparison:
+class CurveComparison:
     """How several curves compare with the first.
 
     ``first`` is the 0-based index of the first point where any curve differs
@@ -189,7 +212,7 @@ class Comparison:
         return max(len(curve.points) for curve in self.curves)
 
 
-def compare(curves: Sequence[Curve]) -> Comparison:
+def compare(curves: Sequence[Curve]) -> CurveComparison:
     """Compare every curve with the first, point for point."""
     if len(curves) < 2:
         raise ValueError("compare needs at least two curves")
@@ -213,10 +236,10 @@ def compare(curves: Sequence[Curve]) -> Comparison:
             differing += 1
             if first is None:
                 first = index
-    return Comparison(tuple(curves), first, differing, max_abs)
+    return CurveComparison(tuple(curves), first, differing, max_abs)
 
 
-def describe(comparison: Comparison, what: str = "metric") -> str:
+def describe(comparison: CurveComparison, what: str = "metric") -> str:
     """A summary of the comparison, a table around the first divergence, and the verdict.
 
     Curves of different lengths (a run that stopped early, a truncated log)
@@ -251,7 +274,7 @@ def describe(comparison: Comparison, what: str = "metric") -> str:
     return "\n".join(lines)
 
 
-def _lengths(comparison: Comparison, common: int) -> str:
+def _lengths(comparison: CurveComparison, common: int) -> str:
     """The verdict for curves of different lengths: where each short one ends, then the
     comparison of the ``common`` points every curve has."""
     ends = []
@@ -316,7 +339,7 @@ def _table(curves: Sequence[Curve], start: int, stop: int) -> str:
     return "\n".join(row.rstrip() for row in rows)
 
 
-def plot(comparison: Comparison, path: str | Path, what: str = "metric") -> None:
+def plot(comparison: CurveComparison, path: str | Path, what: str = "metric") -> None:
     """Write a picture: the curves overlaid, and each curve minus the first, point by point.
 
     The suffix of ``path`` names the format (``.png``, ``.pdf``, ``.svg``, ...).

@@ -8,25 +8,39 @@ whose first Python process imports the detctx installed with it. A command
 that starts no such Python process (a binary, ``python -I`` or ``-S``)
 writes no trace, and that is reported, not guessed around. The traces are
 kept as ``runN.trace`` in ``--log-dir`` when given, else in a temporary
-folder removed afterwards; they are read back as untrusted input.
+folder removed afterwards; they are read back as untrusted input. In
+``--log-dir`` the shim gets a folder of its own that detctx creates
+(``detctx-site-`` and eight random characters), and only what detctx put there is removed (see
+:mod:`detctx._cli.paths`).
+
+Nothing here imports torch before the runs: ``detctx run`` keeps torch out of
+its own process (see :mod:`detctx._env_switches`); comparing the traces at
+the end does.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-from detctx._cli.curves import Comparison, Curve, compare
+from detctx._cli.curves import Curve, CurveComparison, compare
+from detctx._cli.paths import refuse_link, remove_created
 from detctx._errors import TraceError
-from detctx._locate.child import TRACE_ENV
-from detctx._locate.divergence import Divergence, compare_traces
 
-__all__ = ["Tracing", "report_located"]
+if TYPE_CHECKING:
+    from detctx._locate.divergence import Divergence
+
+__all__ = ["TRACE_ENV", "Tracing", "report_located"]
+
+TRACE_ENV: Final = "DETCTX_LOCATE_TRACE"
+"""The variable :mod:`detctx._locate.child` records into (the same name; importing it from
+there would import torch)."""
 
 _SHIM: Final = '''\
 """Written by detctx run --locate: record this process's ops, then the hidden sitecustomize."""
@@ -56,24 +70,28 @@ if _spec is not None and _spec.loader is not None:
 class Tracing:
     """The traces of one ``detctx run --locate``: where they go, and what they say."""
 
-    def __init__(self, folder: Path, temporary: bool) -> None:
+    def __init__(self, folder: Path, *, temporary: bool) -> None:
         self.folder = folder
         self.temporary = temporary
-        self.site = folder / "detctx-site"
+        self.site = Path(tempfile.mkdtemp(prefix="detctx-site-", dir=folder))
         # Removed by close(), or at exit when a run failed before the report.
-        self._cleanup = weakref.finalize(
-            self, shutil.rmtree, folder if temporary else self.site, ignore_errors=True
-        )
-        self.site.mkdir(exist_ok=True)
-        (self.site / "sitecustomize.py").write_text(_SHIM, encoding="utf-8")
+        self._cleanup = weakref.finalize(self, _clean_up, folder, self.site, temporary)
+        descriptor = os.open(self.site / "sitecustomize.py", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        with open(descriptor, "w", encoding="utf-8") as shim:
+            shim.write(_SHIM)
         self.runs = 0
 
     @classmethod
     def start(cls, log_dir: Path | None) -> Tracing:
         if log_dir is None:
-            return cls(Path(tempfile.mkdtemp(prefix="detctx-locate-")), True)
+            return cls(Path(tempfile.mkdtemp(prefix="detctx-locate-")), temporary=True)
         log_dir.mkdir(parents=True, exist_ok=True)
-        return cls(log_dir, False)
+        return cls(log_dir, temporary=False)
+
+    def check(self, runs: int) -> None:
+        """Refuse, before the first run, a trace path that is a link someone planted."""
+        for index in range(1, runs + 1):
+            refuse_link(self.trace(index))
 
     def trace(self, index: int) -> Path:
         return self.folder / f"run{index}.trace"
@@ -81,7 +99,8 @@ class Tracing:
     def env_for(self, index: int, env: Mapping[str, str]) -> dict[str, str]:
         """``env`` for run ``index`` (1-based): its trace file and the recording shim."""
         path = self.trace(index)
-        path.unlink(missing_ok=True)
+        refuse_link(path)
+        path.unlink(missing_ok=True)  # an earlier run's trace: the child creates its own
         self.runs = max(self.runs, index)
         run_env = dict(env)
         run_env[TRACE_ENV] = str(path.resolve())
@@ -91,6 +110,8 @@ class Tracing:
 
     def locate(self) -> Divergence | None:
         """The first op where a run parts from run 1, or ``None`` when every trace agrees."""
+        from detctx._locate.divergence import compare_traces
+
         for index in range(1, self.runs + 1):
             if not self.trace(index).is_file():
                 raise TraceError(
@@ -109,7 +130,7 @@ class Tracing:
         """Remove the shim, and the traces too when they live in a temporary folder."""
         self._cleanup()
 
-    def report(self, curves: list[Curve], report: Callable[[Comparison], int]) -> int:
+    def report(self, curves: list[Curve], report: Callable[[CurveComparison], int]) -> int:
         """Locate the first differing op, print it beside the curves' report; then close."""
         try:
             return report_located(self.locate(), curves, report)
@@ -117,8 +138,28 @@ class Tracing:
             self.close()
 
 
+def _clean_up(folder: Path, site: Path, temporary: bool) -> None:
+    if temporary:
+        shutil.rmtree(folder, ignore_errors=True)  # detctx made the folder, and all in it
+    else:
+        _remove_site(site)
+
+
+def _remove_site(site: Path) -> None:
+    """Remove the shim and the bytecode Python compiled from it, nothing else."""
+    cache = site / "__pycache__"
+    if cache.is_dir() and not cache.is_symlink():
+        remove_created(cache, [entry.name for entry in cache.glob("sitecustomize.*.pyc")])
+    left = remove_created(site, ["sitecustomize.py"])
+    if left:
+        sys.stderr.write(
+            f"detctx: left {site} in place: it holds {', '.join(left)}, which detctx did not "
+            "put there\n"
+        )
+
+
 def report_located(
-    found: Divergence | None, curves: list[Curve], report: Callable[[Comparison], int]
+    found: Divergence | None, curves: list[Curve], report: Callable[[CurveComparison], int]
 ) -> int:
     """Print the curves' comparison (when every run printed a metric) and the located op.
 

@@ -53,7 +53,7 @@ def format_report(report: ProbeReport) -> str:
     return "\n".join(out)
 
 
-def main(device_types: Sequence[str] | None, as_json: bool) -> int:
+def main(device_types: Sequence[str] | None, *, as_json: bool) -> int:
     """Run the probe on ``device_types`` (default: every one here) and print it."""
     report = run_probe(device_types)
     print(json.dumps(report.as_dict(), indent=2) if as_json else format_report(report))

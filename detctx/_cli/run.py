@@ -16,10 +16,11 @@ from typing import IO, Final
 
 from detctx._cli.curves import Curve, Point, parse_line
 from detctx._cli.lines import LineReader
+from detctx._cli.paths import open_for_writing, refuse_link
 from detctx._cli.signals import signal_of, stop_group
+from detctx._env_switches import env_switches
 from detctx._errors import MetricsError
 from detctx._seeds import SEED_ENV
-from detctx._switches import env_switches
 
 __all__ = ["RunFailed", "determinism_env", "determinism_variables", "log_file", "run_command"]
 
@@ -49,7 +50,7 @@ def determinism_env(seed: int, base: Mapping[str, str]) -> dict[str, str]:
     env = dict(base)
     env[SEED_ENV] = str(seed)
     for switch in env_switches():
-        wanted = switch.target(True, seed, env.get(switch.variable))
+        wanted = switch.target(setting=True, seed=seed, current=env.get(switch.variable))
         if wanted is not None:
             env[switch.variable] = wanted
     return env
@@ -66,7 +67,7 @@ class _Progress:
     points: int = 0
     last: Point | None = None
 
-    def update(self, point: Point | None, final: bool = False) -> None:
+    def update(self, point: Point | None, *, final: bool = False) -> None:
         if point is not None:
             self.points += 1
             self.last = point
@@ -107,6 +108,8 @@ def run_command(
     :class:`~detctx._cli.signals.Stopped` for SIGTERM / SIGHUP) the same signal
     goes to that group, which is killed if it is still there after a short wait.
     """
+    # Opened first: a log that cannot be written must not leave a command running.
+    log = open_for_writing(log_path) if log_path is not None else None
     try:
         process = subprocess.Popen(
             list(command),
@@ -116,15 +119,18 @@ def run_command(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    except FileNotFoundError:
-        raise MetricsError(f"command not found: {command[0]}") from None
-    except OSError as exc:
-        raise MetricsError(f"cannot run {command[0]}: {exc.strerror or exc}") from None
+    except BaseException as exc:
+        if log is not None:
+            log.close()
+        if isinstance(exc, FileNotFoundError):
+            raise MetricsError(f"command not found: {command[0]}") from None
+        if isinstance(exc, OSError):
+            raise MetricsError(f"cannot run {command[0]}: {exc.strerror or exc}") from None
+        raise
     now = time.monotonic()
     tracker = _Progress(label, sys.stderr if progress is None else progress, now, now)
     points: list[Point] = []
     tail: list[str] = []
-    log = open(log_path, "w", encoding="utf-8") if log_path is not None else None
     reader = LineReader()
     number = 0
 
@@ -191,8 +197,14 @@ def _tail(lines: Sequence[str]) -> str:
 
 
 def log_file(directory: Path | None, index: int) -> Path | None:
-    """Where run ``index`` (1-based) keeps its output, if a log directory was asked for."""
+    """Where run ``index`` (1-based) keeps its output, if a log directory was asked for.
+
+    Raises :class:`~detctx.MetricsError` if that path is a symbolic link: it
+    is neither followed nor removed.
+    """
     if directory is None:
         return None
     directory.mkdir(parents=True, exist_ok=True)
-    return directory / f"run{index}.log"
+    path = directory / f"run{index}.log"
+    refuse_link(path)
+    return path

@@ -7,6 +7,11 @@ group, so ``detctx run`` forwards what the terminal would have sent: SIGINT
 on Ctrl-C, and SIGTERM or SIGHUP when it is itself told to stop. Without
 forwarding, ``kill -TERM`` of ``detctx run`` left the command running as an
 orphan (``detctx run -- sleep 600 & kill -TERM $!; pgrep sleep``).
+
+Each signal is also recorded, and :func:`raise_pending` raises it again
+before each run starts: C code that runs Python callbacks can swallow the
+exception a handler raised (importing torch swallowed a Ctrl-C in 3 of 35
+tries), and the command would then run anyway.
 """
 
 from __future__ import annotations
@@ -20,7 +25,14 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Final
 
-__all__ = ["GRACE_S", "Stopped", "forwarded_signals", "signal_of", "stop_group"]
+__all__ = [
+    "GRACE_S",
+    "Stopped",
+    "forwarded_signals",
+    "raise_pending",
+    "signal_of",
+    "stop_group",
+]
 
 GRACE_S: Final = 5.0
 """Seconds a command has to exit after the forwarded signal before its group is killed."""
@@ -42,22 +54,49 @@ class Stopped(BaseException):
 
 @contextmanager
 def forwarded_signals() -> Iterator[None]:
-    """Turn SIGTERM and SIGHUP into :class:`Stopped` while the block runs, then put back
-    the handlers that were there. Only the main thread can set handlers; elsewhere this
-    does nothing."""
+    """Turn SIGTERM and SIGHUP into :class:`Stopped` (and SIGINT into ``KeyboardInterrupt``,
+    recorded for :func:`raise_pending`) while the block runs, then put back the handlers
+    that were there. Only the main thread can set handlers; elsewhere this does nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def stop(signum: int, frame: FrameType | None) -> None:
-        raise Stopped(signum)
+        _pending.append(signum)
+        raise _exception_for(signum)
 
-    previous = {signum: signal.signal(signum, stop) for signum in _FORWARDED}
+    _pending.clear()
+    # A signal ignored when detctx run started (nohup ignores SIGHUP; a shell's background
+    # job ignores SIGINT) stays ignored, as it would for the command run by hand.
+    previous = {
+        signum: signal.signal(signum, stop)
+        for signum in (int(signal.SIGINT), *_FORWARDED)
+        if signal.getsignal(signum) is not signal.SIG_IGN
+    }
     try:
         yield
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        _pending.clear()
+
+
+_pending: list[int] = []
+"""Signals received inside :func:`forwarded_signals`, in order."""
+
+
+def _exception_for(signum: int) -> BaseException:
+    return KeyboardInterrupt() if signum == signal.SIGINT else Stopped(signum)
+
+
+def raise_pending() -> None:
+    """Raise the exception of a signal received inside :func:`forwarded_signals`, if any.
+
+    A signal whose exception propagated has ended the command already; one
+    that is still pending here had its exception swallowed on the way.
+    """
+    if _pending:
+        raise _exception_for(_pending[0])
 
 
 def signal_of(exc: BaseException) -> int:

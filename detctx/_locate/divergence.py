@@ -14,8 +14,8 @@ from detctx._locate.trace import OpRecord, read_trace
 
 __all__ = [
     "Capture",
-    "Comparison",
     "Divergence",
+    "OpComparison",
     "compare_records",
     "compare_traces",
     "element_difference",
@@ -145,7 +145,7 @@ def _divergence(
     )
 
 
-class Comparison:
+class OpComparison:
     """A sink that compares a run, op by op, with a recorded reference run."""
 
     def __init__(self, reference: Iterator[OpRecord], run: int) -> None:

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from detctx._deterministic import deterministic
-from detctx._locate.divergence import Capture, Comparison, Divergence, element_difference
+from detctx._locate.divergence import Capture, Divergence, OpComparison, element_difference
 from detctx._locate.trace import TraceWriter, read_trace
-from detctx._seeds import DEFAULT_SEED, resolve_seed, validate_seed
+from detctx._seeds import DEFAULT_SEED, as_integer, resolve_seed, validate_seed
 
 if TYPE_CHECKING:
     from detctx._locate.recorder import Sink
@@ -70,8 +70,10 @@ def locate_divergence(
     """
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
-    if isinstance(runs, bool) or not isinstance(runs, int):
+    count = as_integer(runs)
+    if count is None:
         raise TypeError(f"runs must be an integer, got {runs!r}")
+    runs = count
     if runs < 2:
         raise ValueError(f"runs must be at least 2 to compare anything, got {runs}")
     block = deterministic(resolve_seed(None if seed is None else validate_seed(seed)))
@@ -87,7 +89,7 @@ def locate_divergence(
             writer.close()
         for run in range(2, runs + 1):
             reference = read_trace(path)
-            comparison = Comparison(reference, run)
+            comparison = OpComparison(reference, run)
             try:
                 _recorded(block, comparison, fn, args, kwargs)
                 found = comparison.finish()

@@ -2,7 +2,8 @@
 
 - :mod:`~detctx.distributed._topology`: which device collectives use, rank and size;
 - :mod:`~detctx.distributed._agreement`: one ``all_gather`` so that every rank
-  knows every rank's seed (:func:`agree_seed`);
+  knows every rank's seed (:func:`agree_seed`), and each rank's own seed
+  derived from it (:class:`MegatronSeeds` for Megatron's offsets);
 - :mod:`~detctx.distributed._rank_check`: one ``all_gather`` of per-source
   fingerprints (:func:`verify_across_ranks`);
 - :mod:`~detctx.distributed._block`: :class:`distributed_deterministic`;
@@ -14,7 +15,7 @@ gloo); outside a process group nothing is communicated.
 
 from __future__ import annotations
 
-from detctx.distributed._agreement import DistributedSeeding, agree_seed
+from detctx.distributed._agreement import DistributedSeeding, MegatronSeeds, agree_seed
 from detctx.distributed._block import distributed_deterministic
 from detctx.distributed._launch import prepare_environment
 from detctx.distributed._rank_check import verify_across_ranks
@@ -23,6 +24,7 @@ from detctx.distributed._topology import SUPERPOD_ENV, collective_device
 __all__ = [
     "SUPERPOD_ENV",
     "DistributedSeeding",
+    "MegatronSeeds",
     "agree_seed",
     "collective_device",
     "distributed_deterministic",

@@ -1,9 +1,12 @@
 """Seed agreement: every rank of a group learns every rank's seed in one ``all_gather``.
 
-Each rank sends ``[seed, kind, per_rank]``: so ranks that passed different
-seeds (or mixed ``None`` and explicit seeds, or different ``per_rank``) all
-raise the same :class:`~detctx.SeedMismatchError` after the same
-collective, and none is left waiting for a rank that already gave up.
+Each rank sends ``[seed, kind, derivation]``: so ranks that passed different
+seeds (or mixed ``None`` and explicit seeds, or derive their own seeds
+differently: ``per_rank``, ``megatron_seeds``) all raise the same
+:class:`~detctx.SeedMismatchError` after the same collective, and none is
+left waiting for a rank that already gave up. Each rank then derives its own
+seed from the agreed one: the same seed, ``derive_seed(seed, rank)``, or
+Megatron's offsets (:class:`MegatronSeeds`).
 """
 
 from __future__ import annotations
@@ -15,7 +18,15 @@ from typing import Any
 import torch
 
 from detctx._errors import SeedMismatchError
-from detctx._seeds import SEED_ENV, derive_seed, group_seed, resolve_seed, validate_seed
+from detctx._seeds import (
+    MAX_SEED,
+    SEED_ENV,
+    as_integer,
+    derive_seed,
+    group_seed,
+    resolve_seed,
+    validate_seed,
+)
 from detctx._settings import Seeding
 from detctx.distributed._arrival import (
     DEFAULT_TIMEOUT_S,
@@ -29,14 +40,83 @@ from detctx.distributed._topology import in_process_group, rank_and_size
 __all__ = [
     "Agreement",
     "DistributedSeeding",
+    "MegatronSeeds",
     "agree",
     "agree_seed",
     "check_arguments",
+    "check_megatron_seeds",
     "decide",
     "grouped",
 ]
 
 _EXPLICIT, _DRAWN, _UNRESOLVED = 1, 0, -1
+# How a rank's seed comes from the agreed one: the third column of an agreement row.
+_SHARED, _PER_RANK, _MEGATRON_PP, _MEGATRON_PP_DP = 0, 1, 2, 3
+_DERIVATION_TEXT = {
+    _SHARED: "per_rank=False",
+    _PER_RANK: "per_rank=True",
+    _MEGATRON_PP: "megatron_seeds (pipeline offsets)",
+    _MEGATRON_PP_DP: "megatron_seeds (pipeline and data-parallel offsets)",
+}
+
+
+@dataclass(frozen=True)
+class MegatronSeeds:
+    """This rank's seed derived from the agreed one as Megatron's ``_set_random_seed`` does.
+
+    ``seed + 100 * pp_rank``, plus ``10 * dp_rank`` when ``dp_rank`` is given
+    (Megatron's ``--data-parallel-random-init``); taken modulo ``2**32`` where
+    it would pass NumPy's limit (Megatron itself fails there). Pass it to
+    :class:`distributed_deterministic` so that ``random``, NumPy, torch and
+    the devices get the numbers Megatron (and MindSpeed-LLM's
+    ``--npu-deterministic``) gives each pipeline stage::
+
+        stage = MegatronSeeds(pp_rank=parallel_state.get_pipeline_model_parallel_rank())
+        with detctx.distributed_deterministic(seed=1234, megatron_seeds=stage):
+            train()
+
+    Megatron's offsets collide (``pp_rank=1`` and ``dp_rank=10`` give one
+    seed); :func:`~detctx.group_seed` does not, for layouts that need not
+    match Megatron's numbers. ``pp_rank`` and ``dp_rank`` are integers in
+    ``[0, 2**32 - 1]``; anything else raises here.
+    """
+
+    pp_rank: int
+    dp_rank: int | None = None
+
+    def __post_init__(self) -> None:
+        # Frozen: a NumPy integer is stored as the int it stands for.
+        object.__setattr__(self, "pp_rank", validate_seed(self.pp_rank, "pp_rank"))
+        if self.dp_rank is not None:
+            object.__setattr__(self, "dp_rank", validate_seed(self.dp_rank, "dp_rank"))
+
+    def seed_for(self, seed: int) -> int:
+        """This rank's seed when the ranks agreed on ``seed``."""
+        offset = 100 * self.pp_rank + (0 if self.dp_rank is None else 10 * self.dp_rank)
+        return (seed + offset) % (MAX_SEED + 1)
+
+
+def _derivation(per_rank: bool, megatron_seeds: MegatronSeeds | None) -> int:
+    """The derivation code a rank sends in its agreement row."""
+    if megatron_seeds is not None:
+        return _MEGATRON_PP if megatron_seeds.dp_rank is None else _MEGATRON_PP_DP
+    return _PER_RANK if per_rank else _SHARED
+
+
+def check_megatron_seeds(megatron_seeds: object, per_rank: object) -> MegatronSeeds | None:
+    """``megatron_seeds`` checked: a :class:`MegatronSeeds` or ``None``, not with ``per_rank``."""
+    if megatron_seeds is None:
+        return None
+    if not isinstance(megatron_seeds, MegatronSeeds):
+        raise TypeError(
+            f"megatron_seeds must be a detctx.distributed.MegatronSeeds or None, got "
+            f"{type(megatron_seeds).__name__}"
+        )
+    if per_rank is True:
+        raise ValueError(
+            "per_rank=True and megatron_seeds both derive each rank's seed: pass one of them"
+        )
+    return megatron_seeds
 
 
 @dataclass(frozen=True)
@@ -49,7 +129,8 @@ class DistributedSeeding(Seeding):
     ``distributed_deterministic(seed=seeding.shared_seed, ...)`` on the same world
     size to repeat the run. ``rank`` and ``world_size`` are within the block's
     group (0 and 1 outside a process group); ``group`` is that process group
-    (``None``: the default group).
+    (``None``: the default group). ``megatron_seeds``: the
+    :class:`MegatronSeeds` this rank's seed was derived with, if any.
     """
 
     shared_seed: int
@@ -57,6 +138,7 @@ class DistributedSeeding(Seeding):
     world_size: int
     per_rank: bool
     group: Any = field(default=None, repr=False, compare=False)
+    megatron_seeds: MegatronSeeds | None = None
 
     def group_seed(self, **coordinates: int) -> int:
         """:func:`~detctx._seeds.group_seed` of the shared seed, e.g. ``run.group_seed(tp=0)``."""
@@ -64,6 +146,8 @@ class DistributedSeeding(Seeding):
 
     def describe(self) -> str:
         stream = "per-rank stream" if self.per_rank else "same stream on every rank"
+        if self.megatron_seeds is not None:
+            stream = f"Megatron's offsets ({self.megatron_seeds})"
         return (
             f"{super().describe()}; rank {self.rank} of {self.world_size}, "
             f"shared seed {self.shared_seed}, {stream}"
@@ -114,9 +198,10 @@ def check_arguments(seed: object, per_rank: object, group: object, src: object) 
     checked = None if seed is None else validate_seed(seed)
     if not isinstance(per_rank, bool):
         raise TypeError(f"per_rank must be True or False, got {per_rank!r}")
-    if isinstance(src, bool) or not isinstance(src, int):
+    rank = as_integer(src)
+    if rank is None:
         raise TypeError(f"src must be a global rank (an int), got {src!r}")
-    if src < 0:
+    if rank < 0:
         raise ValueError(f"src must be a global rank (>= 0), got {src}")
     if group is not None:
         dist = torch.distributed
@@ -130,26 +215,32 @@ def check_arguments(seed: object, per_rank: object, group: object, src: object) 
 
 
 def agree(
-    seed: int | None, per_rank: bool, group: Any, src: int, timeout: float = DEFAULT_TIMEOUT_S
+    seed: int | None,
+    per_rank: bool,
+    group: Any,
+    src: int,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    megatron_seeds: MegatronSeeds | None = None,
 ) -> Agreement:
     """Agree with the other ranks on the seed of one entry (arguments already checked)."""
     if not in_process_group():
         shared = resolve_seed(seed)
-        return Agreement(derive_seed(shared, 0) if per_rank else shared, shared, 0, 1)
+        return Agreement(_own_seed(shared, 0, per_rank, megatron_seeds), shared, 0, 1)
     rank, world_size = rank_and_size(group)
-    src_rank = _group_rank(group, src)
+    src_rank = _group_rank(group, int(src))  # a NumPy integer too (check_arguments)
     failure: ValueError | None = None
+    how = _derivation(per_rank, megatron_seeds)
     if seed is not None:
-        row = [seed, _EXPLICIT, int(per_rank)]
+        row = [seed, _EXPLICIT, how]
     elif rank == src_rank:
         try:
-            row = [resolve_seed(None), _DRAWN, int(per_rank)]
+            row = [resolve_seed(None), _DRAWN, how]
         except ValueError as exc:
             # Raising here alone would leave every other rank waiting in the gather.
             failure = exc
-            row = [-1, _UNRESOLVED, int(per_rank)]
+            row = [-1, _UNRESOLVED, how]
     else:
-        row = [-1, _DRAWN, int(per_rank)]
+        row = [-1, _DRAWN, how]
     rows = (
         [row]
         if world_size == 1
@@ -161,7 +252,13 @@ def agree(
         if failure is not None:
             raise exc from failure
         raise
-    return Agreement(derive_seed(shared, rank) if per_rank else shared, shared, rank, world_size)
+    return Agreement(_own_seed(shared, rank, per_rank, megatron_seeds), shared, rank, world_size)
+
+
+def _own_seed(shared: int, rank: int, per_rank: bool, megatron_seeds: MegatronSeeds | None) -> int:
+    if megatron_seeds is not None:
+        return megatron_seeds.seed_for(shared)
+    return derive_seed(shared, rank) if per_rank else shared
 
 
 def _group_rank(group: Any, src: int) -> int:
@@ -183,14 +280,16 @@ def _group_rank(group: Any, src: int) -> int:
 
 
 def decide(rows: list[list[int]], src_rank: int) -> int:
-    """The agreed seed from every rank's ``[seed, kind, per_rank]`` row, or the same error."""
+    """The agreed seed from every rank's ``[seed, kind, derivation]`` row, or the same error."""
     seeds = tuple(None if kind != _EXPLICIT else value for value, kind, _ in rows)
-    per_rank = tuple(bool(flag) for _, _, flag in rows)
-    if len(set(per_rank)) > 1:
+    derivations = tuple(how for _, _, how in rows)
+    per_rank = tuple(how == _PER_RANK for how in derivations)
+    if len(set(derivations)) > 1:
         raise SeedMismatchError(
-            "the ranks disagree on per_rank: "
-            + grouped([f"per_rank={flag}" for flag in per_rank])
-            + ". Pass the same per_rank on every rank.",
+            "the ranks disagree on how each rank's seed is derived: "
+            + grouped([_DERIVATION_TEXT.get(how, f"derivation {how}") for how in derivations])
+            + ". Pass the same per_rank and megatron_seeds (each with or without dp_rank) on "
+            "every rank.",
             seeds,
             per_rank,
         )

@@ -19,6 +19,8 @@ costs the ``all_gather`` alone.
 from __future__ import annotations
 
 import math
+import numbers
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
@@ -47,9 +49,11 @@ _serials: dict[str, int] = {}
 
 def check_timeout(timeout: object) -> float:
     """``timeout`` in seconds, checked: a positive, finite int or float."""
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+    np = sys.modules.get("numpy")
+    numeric = isinstance(timeout, numbers.Real) and not isinstance(timeout, bool)
+    if not numeric or (np is not None and isinstance(timeout, np.bool_)):
         raise TypeError(f"timeout must be a number of seconds, got {timeout!r}")
-    seconds = float(timeout)
+    seconds = float(timeout)  # type: ignore[arg-type]
     if not (math.isfinite(seconds) and seconds > 0):
         raise ValueError(f"timeout must be a positive, finite number of seconds, got {timeout!r}")
     return seconds

@@ -1,94 +1,128 @@
 """``distributed_deterministic``: a ``deterministic`` block whose seed every rank agreed on.
 
-On each entry the ranks agree (:mod:`detctx.distributed._agreement`), then the
-block is an ordinary block of :mod:`detctx._blocks` seeded with the agreed
-seed; ``verify=True`` adds :mod:`detctx.distributed._rank_check` on entry
-and exit. Every entry is a collective: every rank of the group must enter the
-same blocks in the same order. Outside a process group nothing is
+It is a ``deterministic`` block with another coordinator
+(:class:`RankCoordinator`): on each entry the ranks agree on the seed
+(:mod:`detctx.distributed._agreement`), then the block is entered, exited and
+interrupted exactly as a ``deterministic`` block; ``verify=True`` adds
+:mod:`detctx.distributed._rank_check` on entry and exit. Every entry is a
+collective: every rank of the group must enter the same blocks in the same
+order. Outside a process group nothing is
 communicated and the block is a ``deterministic`` block of a single rank 0.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Mapping
-from types import TracebackType
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from typing_extensions import Unpack
 
-from detctx import _blocks as frames
 from detctx._deterministic import deterministic
 from detctx._settings import Seeding, Settings
-from detctx._snapshot import Snapshot
-from detctx._sources import RNGSource
 from detctx._switches import SwitchOptions
 from detctx.distributed._agreement import (
     Agreement,
     DistributedSeeding,
+    MegatronSeeds,
     agree,
     check_arguments,
+    check_megatron_seeds,
 )
 from detctx.distributed._arrival import DEFAULT_TIMEOUT_S, check_timeout
 from detctx.distributed._rank_check import verify_across_ranks, verify_on_exit
 from detctx.distributed._topology import warn_superpod
 
-__all__ = ["AgreedSettings", "distributed_deterministic"]
-
-logger = logging.getLogger("detctx")
+__all__ = ["RankCoordinator", "distributed_deterministic"]
 
 
-class AgreedSettings(Settings):
-    """Settings whose seed is agreed across the ranks of ``group`` on every entry."""
+@dataclass(frozen=True)
+class _Agreed:
+    """One entry's agreement: this rank's seed, and the record it makes."""
 
-    __slots__ = ("group", "per_rank", "src", "timeout")
+    agreement: Agreement
+    coordinator: RankCoordinator
 
-    def __init__(
-        self,
-        seed: object,
-        switches: Mapping[str, object],
-        *,
-        per_rank: bool,
-        group: Any,
-        src: int,
-        timeout: object = DEFAULT_TIMEOUT_S,
-    ) -> None:
-        super().__init__(seed, switches, caller="distributed_deterministic")
-        check_arguments(None, per_rank, group, src)
-        self.per_rank = per_rank
-        self.group = group
-        self.src = src
-        self.timeout = check_timeout(timeout)
+    @property
+    def seed(self) -> int:
+        return self.agreement.seed
 
-    def agree(self) -> Agreement:
-        """Agree with the other ranks on this entry's seed (a collective)."""
-        if self.switches["hccl"] is not False:
-            warn_superpod()
-        return agree(self.seed, self.per_rank, self.group, self.src, self.timeout)
-
-    def resolve_seed(self) -> int:
-        # The decorated generator/coroutine forms seed their world through this: a
-        # collective on their first step, as entering a block is.
-        return self.agree().seed
-
-    def apply_agreed(
-        self, sources: list[tuple[str, RNGSource]], agreement: Agreement, current: Snapshot
-    ) -> DistributedSeeding:
-        """:meth:`apply` with the agreed seed; the record says what was agreed."""
-        seeding: Seeding = self.apply(sources, agreement.seed, current)
-        agreed = DistributedSeeding(
+    def record(self, seeding: Seeding) -> DistributedSeeding:
+        agreement, options = self.agreement, self.coordinator
+        return DistributedSeeding(
             seeding.seed,
             seeding.sources,
             seeding.switches,
             agreement.shared_seed,
             agreement.rank,
             agreement.world_size,
-            self.per_rank,
-            self.group,
+            options.per_rank,
+            options.group,
+            options.megatron_seeds,
         )
-        if logger.isEnabledFor(logging.INFO):
-            logger.info("seed agreed across ranks: %s", agreed.describe())
-        return agreed
+
+
+class RankCoordinator:
+    """Each entry's seed agreed across the ranks of ``group``; ``verify``: checked on
+    entry and exit (:mod:`detctx.distributed._rank_check`). Arguments are checked here."""
+
+    __slots__ = ("group", "megatron_seeds", "per_rank", "src", "timeout", "verify")
+
+    def __init__(
+        self,
+        *,
+        per_rank: bool,
+        group: Any,
+        src: int,
+        verify: bool,
+        timeout: float,
+        megatron_seeds: MegatronSeeds | None,
+    ) -> None:
+        check_arguments(None, per_rank, group, src)
+        self.megatron_seeds = check_megatron_seeds(megatron_seeds, per_rank)
+        if not isinstance(verify, bool):
+            raise TypeError(f"verify must be True or False, got {verify!r}")
+        self.per_rank = per_rank
+        self.group = group
+        self.src = src
+        self.verify = verify
+        self.timeout = check_timeout(timeout)
+
+    def begin(self, settings: Settings) -> _Agreed:
+        """Agree with the other ranks on this entry's seed (a collective)."""
+        if settings.switches["hccl"] is not False:
+            warn_superpod()
+        agreement = agree(
+            settings.seed, self.per_rank, self.group, self.src, self.timeout, self.megatron_seeds
+        )
+        return _Agreed(agreement, self)
+
+    def after_entry(self) -> None:
+        if self.verify:
+            verify_across_ranks(self.group, timeout=self.timeout)
+
+    def before_exit(self, raised: BaseException | None) -> None:
+        if not self.verify:
+            return
+        try:
+            verify_on_exit(self.group, self.timeout, raised)
+        except Exception:
+            if raised is None:
+                raise
+            # This rank raised in the body: that exception is the one to see.
+
+    def options(self) -> dict[str, object]:
+        return {
+            name: value
+            for name, value, default in (
+                ("per_rank", self.per_rank, False),
+                ("group", self.group, None),
+                ("src", self.src, 0),
+                ("verify", self.verify, False),
+                ("timeout", self.timeout, DEFAULT_TIMEOUT_S),
+                ("megatron_seeds", self.megatron_seeds, None),
+            )
+            if value != default
+        }
 
 
 class distributed_deterministic(deterministic):
@@ -110,6 +144,10 @@ class distributed_deterministic(deterministic):
     repeats on every rerun with the same seed and world size (dropout masks
     that differ per data-parallel rank, say). Parallel layouts can derive
     further streams with :meth:`DistributedRun.group_seed`.
+    ``megatron_seeds=MegatronSeeds(pp_rank=..., dp_rank=...)``: rank seeds as
+    Megatron's ``_set_random_seed`` derives them (``seed + 100 * pp_rank``,
+    plus ``10 * dp_rank`` if given), so a Megatron or MindSpeed-LLM run gets
+    the numbers it got from ``--seed`` (see ``docs/megatron.md``).
 
     ``verify=True`` runs :func:`verify_across_ranks` after seeding on entry and
     before restoring on exit. Every rank takes part in the exit check whatever
@@ -153,79 +191,49 @@ class distributed_deterministic(deterministic):
         src: int = 0,
         verify: bool = False,
         timeout: float = DEFAULT_TIMEOUT_S,
+        megatron_seeds: MegatronSeeds | None = None,
         **switches: Unpack[SwitchOptions],
     ) -> None:
-        if not isinstance(verify, bool):
-            raise TypeError(f"verify must be True or False, got {verify!r}")
-        self._settings = self._agreed = AgreedSettings(
-            seed, switches, per_rank=per_rank, group=group, src=src, timeout=timeout
+        self._ranks = RankCoordinator(
+            per_rank=per_rank,
+            group=group,
+            src=src,
+            verify=verify,
+            timeout=timeout,
+            megatron_seeds=megatron_seeds,
         )
-        self.verify = verify
+        super().__init__(seed, **switches)
+
+    def _coordinator(self) -> RankCoordinator:
+        return self._ranks
 
     @property
     def per_rank(self) -> bool:
         """Whether each rank is seeded with its own derived seed."""
-        return self._agreed.per_rank
+        return self._ranks.per_rank
 
     @property
     def group(self) -> Any:
         """The process group the ranks agree over (``None``: the default group)."""
-        return self._agreed.group
-
-    @property
-    def timeout(self) -> float:
-        """Seconds each rank waits for the others in the block's collectives."""
-        return self._agreed.timeout
+        return self._ranks.group
 
     @property
     def src(self) -> int:
         """The global rank that draws the seed when ``seed=None``."""
-        return self._agreed.src
+        return self._ranks.src
 
-    def __repr__(self) -> str:
-        inner = super().__repr__()[len(type(self).__name__) + 1 : -1]
-        extra = [
-            f"{name}={value!r}"
-            for name, value, default in (
-                ("per_rank", self.per_rank, False),
-                ("group", self.group, None),
-                ("src", self.src, 0),
-                ("verify", self.verify, False),
-                ("timeout", self.timeout, DEFAULT_TIMEOUT_S),
-            )
-            if value != default
-        ]
-        return f"{type(self).__name__}({', '.join([inner, *extra])})"
+    @property
+    def verify(self) -> bool:
+        """Whether the ranks' states are compared on entry and exit."""
+        return self._ranks.verify
 
-    def __enter__(self) -> DistributedSeeding:
-        settings = self._agreed
-        agreement = settings.agree()
-        seeding = frames.enter(
-            self, lambda sources, current: settings.apply_agreed(sources, agreement, current)
-        )
-        assert isinstance(seeding, DistributedSeeding)
-        if self.verify:
-            try:
-                verify_across_ranks(self.group, timeout=self.timeout)
-            except BaseException:
-                frames.exit(self)
-                raise
-        return seeding
+    @property
+    def timeout(self) -> float:
+        """Seconds each rank waits for the others in the block's collectives."""
+        return self._ranks.timeout
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        entered = any(frame.owner is self for frame in frames.context_frames())
-        try:
-            if self.verify and entered:
-                try:
-                    verify_on_exit(self.group, self.timeout, exc)
-                except Exception:
-                    if exc is None:
-                        raise
-                    # This rank raised in the body: that exception is the one to see.
-        finally:
-            frames.exit(self)
+    if TYPE_CHECKING:
+        # The entry is deterministic.__enter__ itself (no frame of ours between it and
+        # the `with`, where a Ctrl-C could leave the block open); its record is a
+        # DistributedSeeding, made by the coordinator.
+        def __enter__(self) -> DistributedSeeding: ...

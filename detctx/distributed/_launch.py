@@ -23,13 +23,12 @@ def prepare_environment(
 
     Call it in the launcher before ``init_process_group`` (and before any
     CUDA or NPU work, and before starting the worker processes, which inherit
-    it): it sets ``HCCL_DETERMINISTIC`` (``true``, or ``strict``),
-    ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` (``:16:8`` is kept),
-    ``CLOSE_MATMUL_K_SHIFT=1`` and ``FLASH_ATTENTION_DETERMINISTIC=1``; with a
-    ``seed``, also ``DETCTX_SEED`` (read by ``seed=None`` blocks on the source
-    rank) and ``PYTHONHASHSEED`` (the hash seed of the processes started
-    afterwards). ``False`` leaves a variable alone. Nothing is seeded and
-    nothing is restored. Returns the variables it manages with their values.
+    it): it sets each variable of :class:`detctx.EnvSwitchOptions` as a block
+    does (the values are listed there); ``False`` leaves a variable alone.
+    ``PYTHONHASHSEED`` (``hash_seed``) needs a ``seed``, and is set only with
+    one, as is ``DETCTX_SEED`` (read by ``seed=None`` blocks on the source
+    rank). Nothing is seeded and nothing is restored. Returns the variables it
+    manages with their values.
     Warns when a variable is set after the point where it is read (a CUDA
     context or an HCCL group already exists), and when ``HCCL_LOGIC_SUPERPOD_ID``
     is set.

@@ -1,10 +1,15 @@
 """Cross-rank verification: prove, in one small ``all_gather``, that the ranks' RNGs agree.
 
 Each rank sends one row of int64s: how it is seeded (outside a block, the
-same stream on every rank, or per-rank streams), the agreed seed, its own
-seed and rank, a fingerprint of the set of source names, and one 8-byte
-fingerprint per source. Every rank compares every row with the majority and
-raises the same :class:`~detctx.RankDivergenceError`.
+same stream on every rank, per-rank streams, or Megatron's offsets), the
+agreed seed, its own seed and rank, a fingerprint of the set of compared
+parts, one 8-byte fingerprint per part and one scope key per part. A part is
+a source's whole state, unless the source splits it with
+``agreement_parts(state)`` into named parts, each with the *scope* within
+which it must agree (Megatron's tracker: its model-parallel state within
+ranks of one tensor-parallel rank). Every rank compares each part with the
+majority of the ranks that share its scope (and, under Megatron's offsets,
+its seed) and raises the same :class:`~detctx.RankDivergenceError`.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any, Final
 
-from detctx import _blocks as frames
+from detctx import _blocks as blocks
 from detctx._accelerators import AcceleratorSource
 from detctx._errors import RankDivergenceError, SeedAgreementError
 from detctx._seeds import derive_seed
@@ -38,10 +43,12 @@ __all__ = [
     "verify_on_exit",
 ]
 
-# Fingerprint slots in a verification row; sources beyond the last slot are
-# folded into it, which keeps the row the same size on every rank.
+# Fingerprint slots in a verification row, then as many scope keys; parts beyond
+# the last slot are folded into it, which keeps the row the same size on every rank.
 _SLOTS: Final = 32
-_OUTSIDE, _SHARED, _PER_RANK = 0, 1, 2
+_OUTSIDE, _SHARED, _PER_RANK, _OFFSETS = 0, 1, 2, 3
+# The scope key of a part compared with no other rank.
+_ALONE: Final = 0
 # On leaving a verify=True block each row starts with [raised, 5 words of the class name].
 _NAME_WORDS: Final = 5
 _OUTCOME: Final = 1 + _NAME_WORDS
@@ -49,9 +56,9 @@ _OUTCOME: Final = 1 + _NAME_WORDS
 
 def innermost_seeding() -> DistributedSeeding | None:
     """What the innermost ``distributed_deterministic`` block open in this context applied."""
-    for frame in reversed(frames.context_frames()):
-        if isinstance(frame.seeding, DistributedSeeding):
-            return frame.seeding
+    for block in reversed(blocks.entered_here()):
+        if isinstance(block.seeding, DistributedSeeding):
+            return block.seeding
     return None
 
 
@@ -64,6 +71,14 @@ def verify_across_ranks(group: Any = None, *, timeout: float = DEFAULT_TIMEOUT_S
     of source names. Every rank then raises the same
     :class:`~detctx.RankDivergenceError`, naming the ranks and the
     sources that differ from the majority (on a tie, from the lowest rank's).
+
+    A source whose state should agree only within some ranks says so with an
+    ``agreement_parts(state)`` method (see :class:`~detctx.RNGSource`): each
+    part is then compared only among the ranks that give it the same scope.
+    Megatron's tracker (:mod:`detctx.integrations.megatron`) compares its
+    model-parallel state among ranks of the same tensor-parallel rank, for
+    instance. Under ``megatron_seeds`` each rank's seed carries its pipeline
+    offset, so ranks are compared only with ranks seeded alike.
 
     Inside a ``per_rank=True`` block the states differ by design, so they are
     not compared; what must agree is what was derived from the shared seed:
@@ -106,15 +121,14 @@ def _verify(group: Any, timeout: float, raised: BaseException | None, *, outcome
     seeding = innermost_seeding()
     if group is None and seeding is not None:
         group = seeding.group
-    check_arguments(None, False, group, 0)
+    check_arguments(seed=None, per_rank=False, group=group, src=0)
     if not in_process_group():
         return
     rank, world_size = rank_and_size(group)
     if world_size == 1:
         return
     sources = sorted(active_sources(), key=lambda item: item[0])
-    names = [name for name, _ in sources]
-    row = verification_row(seeding, sources)
+    row, names = verification_row(seeding, sources)
     if not outcome:
         rows = gather_rows(row, group, rank, world_size, timeout, "the verification")
         divergent = compare_rows(rows, row, names)
@@ -161,27 +175,60 @@ def _failure_message(failed: dict[int, str]) -> str:
 
 def verification_row(
     run: DistributedSeeding | None, sources: list[tuple[str, RNGSource]]
-) -> list[int]:
-    """``[mode, shared seed, seed, rank, names fingerprint, count, slot, ...]``."""
-    names_key = _int64(hashlib.blake2b("\0".join(n for n, _ in sources).encode(), digest_size=8))
+) -> tuple[list[int], list[str]]:
+    """``[mode, shared seed, seed, rank, parts fingerprint, count, slot..., scope...]``, and
+    the names of the parts compared (source names, or ``name[part]``)."""
     slots = [0] * _SLOTS
+    scopes = [_ALONE] * _SLOTS
     if run is None:
         header = [_OUTSIDE, -1, -1, -1]
     elif run.per_rank:
         header = [_PER_RANK, run.shared_seed, run.seed, run.rank]
+    elif run.megatron_seeds is not None:
+        header = [_OFFSETS, run.shared_seed, run.seed, run.rank]
     else:
         header = [_SHARED, run.shared_seed, run.seed, run.rank]
-    if run is None or not run.per_rank:
+    if run is not None and run.per_rank:
+        names = [name for name, _ in sources]
+    else:
         states = Snapshot.capture(sources)
-        overflow = hashlib.blake2b(digest_size=8)
-        for index, (name, source) in enumerate(sources):
-            fingerprint = _source_fingerprint(name, source, states[name])
-            if index < _SLOTS - 1 or len(sources) == _SLOTS:
-                slots[index] = fingerprint
+        parts = [part for name, source in sources for part in _parts(name, source, states[name])]
+        names = [name for name, _, _ in parts]
+        # Under Megatron's offsets a rank is compared only with ranks seeded alike.
+        seeded = "" if run is None or run.megatron_seeds is None else f"\0seed={run.seed}"
+        folded_scopes = hashlib.blake2b(digest_size=8)
+        folded = hashlib.blake2b(digest_size=8)
+        alone = False
+        for index, (_, scope, fingerprint) in enumerate(parts):
+            key = _ALONE if scope is None else (_int64(_digest(scope + seeded)) or 1)
+            if index < _SLOTS - 1 or len(parts) == _SLOTS:
+                slots[index], scopes[index] = fingerprint, key
             else:
-                overflow.update(fingerprint.to_bytes(8, "little", signed=True))
-                slots[_SLOTS - 1] = _int64(overflow)
-    return [*header, names_key, len(sources), *slots]
+                # Folded parts are compared with ranks whose folded scopes are the same.
+                alone = alone or key == _ALONE
+                folded.update(fingerprint.to_bytes(8, "little", signed=True))
+                folded_scopes.update(key.to_bytes(8, "little", signed=True))
+                slots[_SLOTS - 1] = _int64(folded)
+                scopes[_SLOTS - 1] = _ALONE if alone else (_int64(folded_scopes) or 1)
+    names_key = _int64(_digest("\0".join(names)))
+    return [*header, names_key, len(names), *slots, *scopes], names
+
+
+def _parts(name: str, source: RNGSource, state: Any) -> list[tuple[str, str | None, int]]:
+    """``(name, scope, fingerprint)`` of each part of one source's state compared across ranks.
+
+    A source without ``agreement_parts`` is one part, to agree on every rank
+    (scope ``""``); a scope of ``None`` is compared with no other rank.
+    """
+    split = getattr(source, "agreement_parts", None)
+    if split is None:
+        return [(name, "", _source_fingerprint(name, source, state))]
+    parts = []
+    for part, scope, value in split(state):
+        label = f"{name}[{part}]"
+        digest = Snapshot({label: (source, value)}).fingerprint()
+        parts.append((label, scope, int.from_bytes(bytes.fromhex(digest), "little", signed=True)))
+    return parts
 
 
 def _source_fingerprint(name: str, source: RNGSource, state: Any) -> int:
@@ -190,6 +237,10 @@ def _source_fingerprint(name: str, source: RNGSource, state: Any) -> int:
         state = (state[int(source.module.current_device())],)
     digest = Snapshot({name: (source, state)}).fingerprint()
     return int.from_bytes(bytes.fromhex(digest), "little", signed=True)
+
+
+def _digest(text: str) -> Any:
+    return hashlib.blake2b(text.encode(), digest_size=8)
 
 
 def _int64(digest: Any) -> int:
@@ -231,12 +282,24 @@ def compare_rows(
     if mode != _PER_RANK:
         count = rows[same[0]][5]
         for slot in range(min(count, _SLOTS)):
-            reference = _reference([rows[rank][6 + slot] for rank in same])
             label = _slot_label(slot, count, names if mine[4] == names_key else None)
-            for rank in same:
-                if rows[rank][6 + slot] != reference:
-                    found.setdefault(rank, []).append(label)
+            for rank in _differing(rows, same, slot):
+                found.setdefault(rank, []).append(label)
     return {rank: tuple(found[rank]) for rank in sorted(found)}
+
+
+def _differing(rows: list[list[int]], ranks: list[int], slot: int) -> list[int]:
+    """The ranks whose part in ``slot`` differs from the majority of the ranks sharing its scope."""
+    by_scope: dict[int, list[int]] = {}
+    for rank in ranks:
+        key = rows[rank][6 + _SLOTS + slot]
+        if key != _ALONE:
+            by_scope.setdefault(key, []).append(rank)
+    differing: list[int] = []
+    for members in by_scope.values():
+        reference = _reference([rows[rank][6 + slot] for rank in members])
+        differing.extend(rank for rank in members if rows[rank][6 + slot] != reference)
+    return sorted(differing)
 
 
 def _slot_label(slot: int, count: int, names: list[str] | None) -> str:

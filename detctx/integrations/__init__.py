@@ -9,4 +9,7 @@ package costs nothing and needs none of them:
   Hugging Face ``Trainer`` (``pip install 'detctx[transformers]'``).
 - :mod:`detctx.integrations.hypothesis`: ``register()``, so that hypothesis
   reseeds torch per example (``pip install 'detctx[hypothesis]'``).
+- :mod:`detctx.integrations.megatron`: ``register_tracker()``, so that every
+  block seeds, saves, restores and checkpoints Megatron's tensor-parallel RNG
+  tracker (``pip install 'detctx[megatron]'``).
 """

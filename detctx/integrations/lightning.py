@@ -37,8 +37,10 @@ Best-effort: anything that draws random numbers before the ``setup`` hook
 (building the model, a ``LightningDataModule.setup`` that splits at random)
 is outside the callback; build the model inside
 ``with detctx.deterministic(seed=...)`` and give ``random_split`` its own
-generator. A resume in the middle of an epoch restores the RNG state but
-Lightning does not restore the data loader's position.
+generator. A resume in the middle of an epoch continues bit for bit when
+the training loader is ``detctx.resumable_loader(...)``, whose position and
+workers' streams Lightning saves; a plain ``DataLoader`` has no position to
+restore.
 """
 
 from __future__ import annotations

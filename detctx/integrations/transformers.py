@@ -6,7 +6,10 @@ multi-worker eval ``DataLoader``, a model that samples) draws from the
 training RNG streams: the training loss curve then depends on ``eval_steps``.
 :class:`DeterministicCallback` runs each evaluation inside a
 ``detctx.deterministic(seed=eval_seed)`` block, so evaluation neither moves
-the training streams nor depends on where in training it runs.
+the training streams nor depends on where in training it runs. It also
+collates each training batch in a world keyed by the batch, so that
+``train(resume_from_checkpoint=...)`` from a checkpoint in the middle of an
+epoch continues bit for bit (see :class:`DeterministicCallback`).
 
 Importing this module imports transformers; without it, it raises
 :class:`~detctx.MissingDependencyError` naming the extra to install.
@@ -22,6 +25,7 @@ from typing_extensions import Unpack
 
 from detctx._deterministic import deterministic, open_blocks
 from detctx._errors import DeterminismWarning, MissingDependencyError
+from detctx._keyed_collate import KeyedCollate
 from detctx._switches import SwitchOptions
 
 __all__ = ["DeterministicCallback"]
@@ -70,11 +74,34 @@ class DeterministicCallback(_TrainerCallback):  # type: ignore[misc]
     dataset after the first when ``eval_dataset`` is a dict. If an evaluation
     raises, its block stays open (holding detctx's lock) until the next
     ``train()`` or :meth:`close`.
+
+    With ``resumable=True`` (the default) the training loader's collator
+    runs, for each batch, in a world of its own: every registered RNG source
+    seeded from ``args.seed``, the epoch and the batch's contents, and put
+    back afterwards. The Trainer fetches a batch ahead of the step that uses
+    it and, on resume, builds the first batches before it reloads
+    ``rng_state.pth``, so a random collator (``DataCollatorForLanguageModeling``)
+    drawing from the training streams cannot resume exactly; keyed by the
+    batch, its masks are the same in the straight and the resumed run, the
+    training streams hold only the model's draws, and
+    ``trainer.train(resume_from_checkpoint=...)`` from a checkpoint saved in
+    the middle of an epoch continues bit for bit, with loader workers or
+    without. ``resumable=False`` leaves the collator alone.
     """
 
-    def __init__(self, eval_seed: int | None = 0, **switches: Unpack[SwitchOptions]) -> None:
+    def __init__(
+        self,
+        eval_seed: int | None = 0,
+        *,
+        resumable: bool = True,
+        **switches: Unpack[SwitchOptions],
+    ) -> None:
+        if not isinstance(resumable, bool):
+            raise TypeError(f"resumable must be True or False, got {resumable!r}")
         self._block = deterministic(seed=eval_seed, **switches)
         self._open = False
+        self.resumable = resumable
+        self._collate: KeyedCollate | None = None
 
     @property
     def eval_seed(self) -> int | None:
@@ -98,8 +125,17 @@ class DeterministicCallback(_TrainerCallback):  # type: ignore[misc]
     #              print(inspect.getsource(t.Trainer._maybe_log_save_evaluate))"
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.close()
+        self._collate = None
+        if self.resumable:
+            self._collate = _key_collate(kwargs.get("train_dataloader"), int(args.seed))
         if getattr(args, "eval_on_start", False):
             self._enter()
+
+    def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # Before the epoch's loader iterator (and its workers) is made. With persistent
+        # workers, the workers keep the epoch they started with: leave it out of the key.
+        if self._collate is not None and not getattr(args, "dataloader_persistent_workers", False):
+            self._collate.epoch = int(state.epoch or 0)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if control.should_evaluate:
@@ -145,3 +181,24 @@ class DeterministicCallback(_TrainerCallback):  # type: ignore[misc]
             DeterminismWarning,
             stacklevel=2,
         )
+
+
+def _key_collate(loader: Any, seed: int) -> KeyedCollate | None:
+    """Wrap the collator of the Trainer's training loader in a :class:`KeyedCollate`.
+
+    The Trainer's loader is accelerate's ``DataLoaderShard``, which iterates
+    the ``DataLoader`` it wraps (``base_dataloader``) and hands its own
+    attributes to ``accelerate.skip_first_batches`` on resume: both get the
+    wrapper.
+    """
+    if loader is None or getattr(loader, "collate_fn", None) is None:
+        return None
+    collate = loader.collate_fn
+    if isinstance(collate, KeyedCollate):
+        return collate
+    keyed = KeyedCollate(collate, seed)
+    base = getattr(loader, "base_dataloader", None)
+    if base is not None:
+        base.collate_fn = keyed
+    loader.collate_fn = keyed
+    return keyed

@@ -43,7 +43,9 @@ def child(initialised: bool, quick: bool) -> dict[str, Any]:
 def _run_child(initialised: bool, quick: bool) -> tuple[int, dict[str, Stats]]:
     # A child that wakes CUDA sets the cuBLAS workspace itself, before its first GEMM.
     data = run_child(
-        "benchmarks.cuda", [int(initialised), int(quick)], unset=("CUBLAS_WORKSPACE_CONFIG",)
+        "benchmarks.cuda_devices",
+        [int(initialised), int(quick)],
+        unset=("CUBLAS_WORKSPACE_CONFIG",),
     )
     count = int(data.pop("devices"))
     return count, {name: Stats(**fields) for name, fields in data.items()}

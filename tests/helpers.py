@@ -1,0 +1,70 @@
+"""What the tests and their child scripts share: seeding, draws and a decorated stream.
+
+A plain module (no pytest), so that the scripts run in child processes
+(``hammer_interrupts.py``, ``distributed_worker.py``) import it too: they run
+from ``tests/``, and ``conftest.run_python`` puts ``tests/`` on the path.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+import detctx
+from detctx import _inductor as inductor
+from detctx._seeds import SEED_ENV
+from detctx._switches import env_switches
+
+DETERMINISM_ENV = (*(switch.variable for switch in env_switches()), SEED_ENV, inductor.VARIABLE)
+"""The variables a block may set, read from the switch table: each test starts with them
+unset (see conftest), and the fault tests check they come back."""
+
+
+def mindspeed_seed(seed: int) -> None:
+    """MindSpeed-LLM's seeding order (also Lightning's seed_everything, HF's set_seed)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def draws(*generators: Any) -> tuple[float, ...]:
+    """One draw from Python's, NumPy's and torch's CPU global RNGs, then one from each
+    of ``generators`` (a ``torch.Generator``, a NumPy ``Generator`` or ``RandomState``,
+    or anything with a ``random()`` method, such as ``random.Random``)."""
+    values = [random.random(), float(np.random.rand()), float(torch.rand(1))]
+    for generator in generators:
+        if isinstance(generator, torch.Generator):
+            values.append(float(torch.rand(1, generator=generator)))
+        elif isinstance(generator, np.random.Generator):
+            values.append(float(generator.random()))
+        elif isinstance(generator, np.random.RandomState):
+            values.append(float(generator.rand()))
+        else:
+            values.append(float(generator.random()))
+    return tuple(values)
+
+
+@detctx.deterministic(seed=3)
+def augment(rounds: int | None = None) -> Iterator[float]:
+    """An augmentation stream in its own seeded world, ``rounds`` rounds long (endless
+    with None): each round draws NumPy inside a nested block, then Python and torch."""
+    for _ in range(rounds) if rounds is not None else itertools.count():
+        with detctx.deterministic(seed=4):
+            yield float(np.random.rand())
+        yield random.random()
+        yield float(torch.rand(1))
+
+
+def generator_steps(rounds: int | None = None) -> None:
+    """Step a fresh :func:`augment` to its end (forever with None), then close it."""
+    steps = augment(rounds)
+    try:
+        for _ in steps:
+            pass
+    finally:
+        steps.close()

@@ -1,0 +1,59 @@
+"""NumPy integers are integers: wherever detctx takes an int, ``np.int64(2)`` works too."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+import detctx
+
+
+@pytest.mark.parametrize("level", [np.int64(2), np.int32(2), np.uint8(2)], ids=repr)
+def test_a_numpy_integer_npu_level_is_taken_as_that_level(
+    level: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="detctx"):
+        with detctx.deterministic(seed=np.int64(1), npu_level=level) as seeding:  # type: ignore[arg-type]
+            assert torch.are_deterministic_algorithms_enabled()
+    detctx.seed_all(1, npu_level=level)  # type: ignore[arg-type]
+
+    assert "npu_level=2 (no NPU: not applied)" in seeding.switches
+
+
+@pytest.mark.parametrize(
+    ("level", "error"),
+    [(np.bool_(True), TypeError), (np.float64(2.0), TypeError), (np.int64(4), ValueError)],
+    ids=repr,
+)
+def test_numpy_values_that_are_not_a_level_are_still_refused(level: object, error: type) -> None:
+    with pytest.raises(error, match="npu_level must be None, 1, 2 or 3"):
+        detctx.deterministic(seed=1, npu_level=level)  # type: ignore[arg-type]
+
+
+def test_check_reproducible_takes_a_numpy_count_of_runs() -> None:
+    calls: list[torch.Tensor] = []
+
+    def train() -> torch.Tensor:
+        calls.append(torch.rand(3))
+        return calls[-1]
+
+    detctx.check_reproducible(train, runs=np.int64(3))  # type: ignore[arg-type]
+
+    assert len(calls) == 3
+
+
+def test_distributed_arguments_take_numpy_numbers() -> None:
+    from detctx.distributed import agree_seed, distributed_deterministic
+
+    block = distributed_deterministic(seed=1, src=np.int64(0), timeout=np.float32(2.5))  # type: ignore[arg-type]
+    with block:
+        pass
+
+    assert agree_seed(np.int64(5), src=np.int64(0), timeout=np.int64(3)) == 5  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="timeout"):
+        distributed_deterministic(seed=1, timeout=np.bool_(True))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="src"):
+        distributed_deterministic(seed=1, src=np.float64(0.0))  # type: ignore[arg-type]

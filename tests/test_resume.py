@@ -1,0 +1,244 @@
+"""Resume anywhere in your own loop: a checkpoint in the middle of an epoch continues exactly."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import ROOT, TESTS, run_python
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from resume_loop import train
+
+import detctx
+from detctx import CheckpointError
+
+pytest.importorskip("torchdata.stateful_dataloader")
+
+RUN_TIMEOUT_S = 180
+
+
+def run_loop(out: Path, workers: int, *options: str) -> None:
+    """``tests/resume_loop.py``: 11 steps over 4-batch epochs, in a fresh process."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(TESTS)]), OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        [sys.executable, str(TESTS / "resume_loop.py"), str(workers), "11", str(out), *options],
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        env=env,
+    )
+    assert proc.returncode == 0, f"the loop failed:\n{proc.stdout}\n{proc.stderr}"
+
+
+def straight_and_resumed(tmp_path: Path, workers: int, world: int) -> list[tuple[Any, Any]]:
+    """Per rank: (a straight run that checkpoints after step 5, the run resumed from there)."""
+    if world == 1:  # here: only the resumed run needs a fresh process
+        result = train(workers, 11, 5, str(tmp_path / "straight.rank0.ckpt"), False, 1)
+        torch.save(result, tmp_path / "straight.rank0")
+    else:
+        run_loop(tmp_path / "straight", workers, "--save-at", "5", "--world", str(world))
+    for rank in range(world):
+        checkpoint = tmp_path / f"straight.rank{rank}.ckpt"
+        (tmp_path / f"resumed.rank{rank}.ckpt").write_bytes(checkpoint.read_bytes())
+    run_loop(tmp_path / "resumed", workers, "--resume", "--world", str(world))
+    runs = ("straight", "resumed")
+    return [
+        tuple(torch.load(tmp_path / f"{run}.rank{rank}") for run in runs) for rank in range(world)
+    ]
+
+
+def assert_continues_bit_for_bit(straight: Any, resumed: Any) -> None:
+    assert len(resumed["losses"]) == 6
+    assert resumed["losses"] == straight["losses"][5:]
+    assert all(torch.equal(a, b) for a, b in zip(straight["weights"], resumed["weights"]))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_loop_resumed_in_a_fresh_process_from_the_middle_of_an_epoch_continues_bit_for_bit(
+    tmp_path: Path, workers: int
+) -> None:
+    # Augmentation draws from torch, NumPy and Python (in the workers when there are
+    # some), the model has dropout; step 5 is the second batch of the second epoch and
+    # the resumed run crosses two epoch boundaries.
+    [(straight, resumed)] = straight_and_resumed(tmp_path, workers, world=1)
+    assert_continues_bit_for_bit(straight, resumed)
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is absent")
+def test_two_gloo_ranks_each_resume_their_own_streams_and_loader_position(tmp_path: Path) -> None:
+    # Each rank with two loader workers (the case nothing resumed before; with none,
+    # a seed-plus-epoch sampler did): its own shard, streams and worker streams.
+    ranks = straight_and_resumed(tmp_path, workers=2, world=2)
+    for straight, resumed in ranks:
+        assert_continues_bit_for_bit(straight, resumed)
+    (first, _), (second, _) = ranks
+    assert first["losses"] != second["losses"]  # each rank has its own data and streams
+
+
+class Shuffled(torch.utils.data.Dataset[torch.Tensor]):
+    """``size`` items, each with a fresh torch draw: the batches show order and streams."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.tensor([float(index), torch.rand(()).item()])
+
+
+def epochs(loader: Any, count: int) -> list[list[float]]:
+    return [[value for batch in loader for value in batch.flatten().tolist()] for _ in range(count)]
+
+
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")
+def test_after_a_resume_the_next_epochs_shuffle_as_in_the_straight_run() -> None:
+    # torchdata's own loader rewinds its generator to the epoch's start on load, so
+    # the epoch after a resume is shuffled differently; resumable_loader's is not.
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def plain() -> Any:
+        return StatefulDataLoader(
+            Shuffled(8), batch_size=2, shuffle=True, generator=torch.Generator().manual_seed(0)
+        )
+
+    def resumable() -> Any:
+        return detctx.resumable_loader(Shuffled(8), batch_size=2, shuffle=True, seed=0)
+
+    for build, same in ((plain, False), (resumable, True)):
+        with detctx.deterministic(seed=1):
+            straight = build()
+            iterator = iter(straight)
+            next(iterator)
+            state = detctx.resume_state(straight)
+            rest = [value for batch in iterator for value in batch.flatten().tolist()]
+            following = epochs(straight, 2)
+        with detctx.deterministic(seed=1):
+            resumed = build()
+            detctx.resume(state, resumed)
+            resumed_rest = epochs(resumed, 1)[0]
+            assert resumed_rest == rest
+            assert (epochs(resumed, 2) == following) is same
+
+
+@settings(max_examples=25, deadline=None)
+@given(size=st.integers(3, 12), batch=st.integers(1, 4), stop=st.integers(0, 20))
+def test_stopping_after_any_batch_and_resuming_gives_the_same_batches(
+    size: int, batch: int, stop: int
+) -> None:
+    full_epochs = stop // -(-size // batch)  # those the first run completed
+    with detctx.deterministic(seed=5):
+        straight = detctx.resumable_loader(Shuffled(size), batch_size=batch, shuffle=True)
+        expected = [value for epoch in epochs(straight, full_epochs + 3) for value in epoch]
+    with detctx.deterministic(seed=5):
+        first = detctx.resumable_loader(Shuffled(size), batch_size=batch, shuffle=True)
+        seen: list[float] = []
+        iterator = iter(first)
+        for _ in range(stop):
+            try:
+                seen += next(iterator).flatten().tolist()
+            except StopIteration:
+                iterator = iter(first)
+                seen += next(iterator).flatten().tolist()
+        state = detctx.resume_state(first)
+    with detctx.deterministic(seed=99):  # another seed: everything comes from the state
+        second = detctx.resumable_loader(Shuffled(size), batch_size=batch, shuffle=True, seed=5)
+        detctx.resume(state, second)
+        # The rest of the epoch it stopped in (maybe nothing), then two more.
+        rest = [value for epoch in epochs(second, 3) for value in epoch]
+    assert len(rest) >= 2 * 2 * size  # two values per item, two epochs at least
+    assert seen + rest == expected[: len(seen) + len(rest)]
+
+
+def test_the_resume_state_loads_with_weights_only(tmp_path: Path) -> None:
+    loader = detctx.resumable_loader(Shuffled(6), batch_size=2, shuffle=True, num_workers=2)
+    next(iter(loader))
+    torch.save({"detctx": detctx.resume_state(loader)}, tmp_path / "checkpoint.pt")
+    state = torch.load(tmp_path / "checkpoint.pt", weights_only=True)["detctx"]
+    assert state["format"] == "detctx.resume" and len(state["loaders"]) == 1
+
+
+def test_a_bad_resume_state_is_refused_with_nothing_changed() -> None:
+    loader = detctx.resumable_loader(Shuffled(6), batch_size=2, shuffle=True)
+    good = detctx.resume_state(loader)
+    corrupted_rng = {**good, "rng": {**good["rng"], "sources": {}}}
+    foreign_loader = {**good, "loaders": [{"_num_yielded": 1}]}
+    cases = [
+        ({"format": "something else"}, (loader,), "not a detctx resume state"),
+        ({**good, "version": 2}, (loader,), "version 2"),
+        (good, (), "1 loader state"),
+        (corrupted_rng, (loader,), "no state for source"),
+        (foreign_loader, (loader,), "not saved by a detctx resumable loader"),
+    ]
+    for state, loaders, message in cases:
+        before = detctx.fingerprint()
+        with pytest.raises(CheckpointError, match=message):
+            detctx.resume(state, *loaders)
+        assert detctx.fingerprint() == before
+        assert loader.next_iter_state is None
+
+
+def test_bad_loader_arguments_are_refused_when_it_is_built() -> None:
+    class Stream(torch.utils.data.IterableDataset[int]):
+        def __iter__(self) -> Any:
+            return iter(range(3))
+
+    with pytest.raises(TypeError, match="IterableDataset"):
+        detctx.resumable_loader(Stream())
+    with pytest.raises(ValueError, match="in_order=True"):
+        detctx.resumable_loader(Shuffled(4), num_workers=2, in_order=False)
+    with pytest.raises(TypeError, match="either seed= or generator="):
+        detctx.resumable_loader(Shuffled(4), seed=1, generator=torch.Generator())
+    with pytest.raises(TypeError, match="resumable_loader"):
+        detctx.resume_state(torch.utils.data.DataLoader(Shuffled(4)))
+
+
+def test_without_torchdata_the_error_names_the_extra() -> None:
+    out = run_python(
+        """
+        import sys
+        sys.modules["torchdata"] = None
+        import detctx
+        try:
+            detctx.resumable_loader(list(range(4)))
+        except detctx.MissingDependencyError as exc:
+            print(exc)
+        """
+    )
+    assert "pip install 'detctx[resume]'" in out
+
+
+def test_a_keyed_collator_draws_by_batch_and_leaves_the_callers_streams_alone() -> None:
+    from detctx.integrations.transformers import DeterministicCallback
+
+    def mask(features: list[list[int]]) -> torch.Tensor:
+        return torch.bernoulli(torch.full((len(features), len(features[0])), 0.5))
+
+    collate = torch.utils.data.DataLoader([[1, 2, 3]] * 4, batch_size=2, collate_fn=mask)
+    callback = DeterministicCallback()
+
+    class Arguments:
+        seed, dataloader_persistent_workers = 7, False
+
+    callback.on_train_begin(Arguments(), None, None, train_dataloader=collate)
+    keyed = collate.collate_fn
+    before = detctx.fingerprint()
+    first, again = keyed([[1, 2, 3]] * 4), keyed([[1, 2, 3]] * 4)
+    other = keyed([[1, 2, 4]] * 4)
+    assert detctx.fingerprint() == before
+    assert torch.equal(first, again) and not torch.equal(first, other)
+
+    unchanged = torch.utils.data.DataLoader([[1]], collate_fn=mask)
+    DeterministicCallback(resumable=False).on_train_begin(
+        Arguments(), None, None, train_dataloader=unchanged
+    )
+    assert unchanged.collate_fn is mask
+    with pytest.raises(TypeError, match="resumable must be True or False"):
+        DeterministicCallback(resumable="yes")  # type: ignore[arg-type]
