@@ -9,6 +9,11 @@ The algorithms switch keeps that coupling without the import: it sets the
 value directly when inductor is already imported; otherwise it sets
 ``TORCHINDUCTOR_DETERMINISTIC=1``, which inductor reads as its default when
 it is imported, so an import inside a block sees the block's value.
+
+Older torch (2.1 to 2.5) has no such setting: its inductor config raises
+``AttributeError`` for ``deterministic`` (``python -c "import
+torch._inductor.config as c; c.deterministic"`` on torch 2.1.2), so there the
+config is left alone and only the variable, which nothing reads, follows the block.
 """
 
 from __future__ import annotations
@@ -24,11 +29,23 @@ VARIABLE: Final = "TORCHINDUCTOR_DETERMINISTIC"
 """Inductor's default for ``deterministic`` (exactly ``"1"`` is on), read at its import."""
 
 _CONFIG: Final = "torch._inductor.config"
+_has_setting: tuple[object, bool] | None = None
+
+
+def _config() -> Any:
+    """Inductor's config module, if it is imported and has the ``deterministic`` setting."""
+    global _has_setting
+    config = sys.modules.get(_CONFIG)
+    if config is None:
+        return None
+    if _has_setting is None or _has_setting[0] is not config:
+        _has_setting = (config, hasattr(config, "deterministic"))
+    return config if _has_setting[1] else None
 
 
 def capture() -> tuple[str | None, bool | None]:
     """The variable's value, and inductor's setting (``None`` while it is not imported)."""
-    config: Any = sys.modules.get(_CONFIG)
+    config = _config()
     return getenv(VARIABLE), None if config is None else bool(config.deterministic)
 
 
@@ -37,7 +54,7 @@ def switch_on(current: tuple[str | None, bool | None]) -> None:
 
     ``current`` is what :func:`capture` returned just before.
     """
-    config: Any = sys.modules.get(_CONFIG)
+    config = _config()
     if config is None:
         if current[0] != "1":
             setenv(VARIABLE, "1")
@@ -51,7 +68,7 @@ def restore(saved: tuple[str | None, bool | None]) -> None:
     variable, deterministic = saved
     if getenv(VARIABLE) != variable:
         setenv(VARIABLE, variable)
-    config: Any = sys.modules.get(_CONFIG)
+    config = _config()
     if config is not None:
         # Written without reading it first: a config read costs as much as a write (about
         # 2 us), and a decorated generator's world swap restores this twice a step.

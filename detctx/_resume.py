@@ -74,8 +74,8 @@ def resumable_loader(dataset: Any, *args: Any, seed: int | None = None, **kwargs
     ``StatefulDataLoader`` (``pip install 'detctx[resume]'``) with:
 
     - ``generator=detctx.loader_generator(seed)`` unless one is given: the
-      order and the workers' base seeds come from ``seed``, or from the
-      seed of the enclosing block when ``seed`` is ``None``;
+      order and the workers' base seeds come from ``seed`` (or the
+      enclosing block's seed when ``seed`` is ``None``) and this rank;
     - ``worker_init_fn=detctx.seed_worker`` unless one is given;
     - the dataset wrapped so that each worker's RNG states (Python, NumPy,
       torch CPU, registered sources) are part of the loader's state.

@@ -7,17 +7,13 @@ holds RNG states only. Parts are keyed by name (source names, switch names).
 
 from __future__ import annotations
 
-import hashlib
-from array import array
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
-import numpy as np
-import torch
-
 from detctx import _state_dict as state_dict
+from detctx import _state_values as state_values
 from detctx import _transaction as transaction
-from detctx._accelerators import Uninitialised, active_accelerators
+from detctx._accelerators import active_accelerators
 from detctx._environment import WATCHED
 from detctx._sources import RNGSource, registered_sources, registry_version
 from detctx._switches import SWITCHES
@@ -187,16 +183,34 @@ class Snapshot(Mapping[str, Any]):
         return cls({name: (source, state) for name, source, state in decoded})
 
     def fingerprint(self) -> str:
-        """A 16-hex-digit digest of the captured RNG states (equal digests: equal states)."""
-        digest = hashlib.blake2b(digest_size=8)
-        for name, (_, state) in self._rng.items():
-            digest.update(name.encode())
-            _feed(digest, state)
-        return digest.hexdigest()
+        """A 16-hex-digit digest of the captured RNG states (equal digests: equal states).
+
+        States are digested by value (:mod:`detctx._state_values`): a device
+        type captured before initialisation, as the seed pending for it, digests
+        as the same device initialised with that seed and not drawn from.
+        """
+        return state_values.fingerprint(
+            (name, source, state) for name, (source, state) in self._rng.items()
+        )
 
     def source_fingerprints(self) -> dict[str, str]:
         """:meth:`fingerprint` of each captured source alone, by source name."""
         return {name: Snapshot({name: part}).fingerprint() for name, part in self._rng.items()}
+
+    def __eq__(self, other: object) -> bool:
+        """Equal when the same sources hold the same states by value, and the same switches
+        were captured with the same values (see :meth:`fingerprint` for "by value")."""
+        if not isinstance(other, Snapshot):
+            return NotImplemented
+        if list(self._rng) != list(other._rng) or self.switches != other.switches:
+            return False
+        return all(
+            state_values.state_value(source, state)
+            == state_values.state_value(*other._rng[name])
+            for name, (source, state) in self._rng.items()
+        )
+
+    __hash__ = None  # type: ignore[assignment]
 
     def __getitem__(self, name: str) -> Any:
         return self._rng[name][1]
@@ -237,39 +251,3 @@ def restore(state: Snapshot | Mapping[str, Any], *, strict: bool = True) -> None
 def fingerprint() -> str:
     """A short hex digest of all current RNG states: equal digests mean equal states."""
     return Snapshot.capture().fingerprint()
-
-
-def _pack_ints(values: tuple[Any, ...] | list[Any]) -> bytes | None:
-    """Non-negative 64-bit ints packed in one call (Python's random state is 625 of them)."""
-    if not values or type(values[0]) is not int:
-        return None
-    try:
-        return b"I%d" % len(values) + array("Q", values).tobytes()
-    except (TypeError, OverflowError):
-        return None
-
-
-def _feed(digest: Any, value: Any) -> None:
-    """Hash ``value`` canonically: the same value always gives the same bytes."""
-    if isinstance(value, torch.Tensor):
-        digest.update(b"T" + str(value.dtype).encode())
-        digest.update(value.detach().cpu().contiguous().numpy().tobytes())
-    elif isinstance(value, np.ndarray):
-        digest.update(b"A" + str(value.dtype).encode())
-        digest.update(np.ascontiguousarray(value).tobytes())
-    elif isinstance(value, (tuple, list)) and (packed := _pack_ints(value)) is not None:
-        digest.update(packed)
-    elif isinstance(value, (tuple, list)):
-        digest.update(b"(%d" % len(value))
-        for item in value:
-            _feed(digest, item)
-    elif isinstance(value, dict):
-        digest.update(b"{%d" % len(value))
-        for key in sorted(value, key=repr):
-            digest.update(repr(key).encode())
-            _feed(digest, value[key])
-    elif isinstance(value, Uninitialised):
-        # Not readable without waking the device; what is pending is what counts.
-        digest.update(b"U%d" % value.seed_before)
-    else:
-        digest.update(repr(value).encode())

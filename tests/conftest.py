@@ -25,6 +25,10 @@ if os.environ.get("CI", "").lower() in ("1", "true"):
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 
+HIDE_CUDA = {"CUDA_VISIBLE_DEVICES": ""}
+"""``run_python(..., env=HIDE_CUDA)``: a child that must see no CUDA device (the simulated
+NPU as the only accelerator; CUDA's own lazy seeding would add to what a test counts)."""
+
 
 @pytest.fixture(autouse=True)
 def _isolated_globals() -> Iterator[None]:

@@ -206,19 +206,19 @@ def run_rank(rank: int, world: int, port: int, out_dir: str, train_too: bool) ->
     timeout = timedelta(seconds=60)
     store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=timeout)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
-    try:
-        result = {
-            "agreement": agreement(rank, world),
-            "mismatches": mismatches(rank, world),
-            "streams": streams(rank, world),
-            "divergence": divergence(rank, world),
-        }
-        if train_too:
-            result["train"] = train(rank, world)
-        result["failures"] = failures(rank, world)
-    finally:
-        dist.destroy_process_group()
+    result = {
+        "agreement": agreement(rank, world),
+        "mismatches": mismatches(rank, world),
+        "streams": streams(rank, world),
+        "divergence": divergence(rank, world),
+    }
+    if train_too:
+        result["train"] = train(rank, world)
+    result["failures"] = failures(rank, world)
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+    # No destroy_process_group: torch 2.1's waits forever for the collectives the failure
+    # scenarios leave unanswered (a rank that never arrived); newer torch aborts them. The
+    # forked rank ends with os._exit right after this, which closes its connections.
 
 
 def main() -> None:

@@ -99,8 +99,10 @@ def model_class(name: str = "lightning.pytorch") -> Any:
 
 def build_model(name: str = "lightning.pytorch", **kwargs: Any) -> Any:
     """The model with the same initial weights every time (built under its own seed)."""
+    # The CPU generator alone: torch.manual_seed would also seed every accelerator, which
+    # fork_rng(devices=[]) does not put back (a warm CUDA device would keep seed 0).
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
+        torch.default_generator.manual_seed(0)
         return model_class(name)(**kwargs)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 import os
 import random
@@ -222,6 +223,10 @@ def test_warn_option_maps_to_warn_only() -> None:
     assert not torch.is_deterministic_algorithms_warn_only_enabled()
 
 
+@pytest.mark.skipif(
+    importlib.util.find_spec("torch.utils.deterministic") is None,
+    reason="this torch has no torch.utils.deterministic.fill_uninitialized_memory",
+)
 def test_fill_uninitialized_memory_is_restored() -> None:
     import torch.utils.deterministic as det
 

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import functools
+import json
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from conftest import ROOT, TESTS
 from torch.utils.data import DataLoader, Dataset
 
 import detctx
@@ -26,13 +32,15 @@ class AugmentedIndices(Dataset[tuple[int, int, float, float, float]]):
         return index, worker, random.random(), float(np.random.rand()), torch.rand(1).item()
 
 
-def epoch(worker_init_fn: Any = detctx.seed_worker, seed: int = 7) -> list[tuple[Any, ...]]:
+def epoch(
+    worker_init_fn: Any = detctx.seed_worker, seed: int = 7, generator: Any = None
+) -> list[tuple[Any, ...]]:
     loader = DataLoader(
         AugmentedIndices(),
         batch_size=None,
         shuffle=True,
         num_workers=2,
-        generator=detctx.loader_generator(seed),
+        generator=detctx.loader_generator(seed) if generator is None else generator,
         worker_init_fn=worker_init_fn,
     )
     return [tuple(item) for item in loader]
@@ -59,16 +67,64 @@ def test_each_worker_draws_its_own_numbers():
         assert draw_0 != draw_1
 
 
-def test_each_rank_gets_the_same_order_but_its_own_augmentation(monkeypatch):
+def test_each_rank_gets_its_own_worker_seeds_even_where_its_workers_cannot_see_the_rank(
+    monkeypatch,
+):
     monkeypatch.delenv("RANK", raising=False)
     rank_0 = epoch()
-    rank_1 = epoch(functools.partial(detctx.seed_worker, rank=1))
     monkeypatch.setenv("RANK", "1")  # as torchrun sets it for the second process
-    from_environment = epoch()
+    rank_1 = epoch()
+    # Under torch.multiprocessing.spawn a spawn-started worker sees no $RANK and no
+    # process group: the rank travels in the generator built on rank 1.
+    monkeypatch.delenv("RANK")
+    rank_1_blind_workers = epoch(generator=detctx.loader_generator(7, rank=1))
+
+    draws = [first_draws_per_worker(run) for run in (rank_0, rank_1, rank_1_blind_workers)]
+    for worker in (0, 1):
+        seen = [run[worker] for run in draws]
+        assert len(set(seen)) == 3, seen
+    monkeypatch.setenv("RANK", "1")
+    assert epoch() == rank_1
+
+
+def test_under_torch_multiprocessing_spawn_every_rank_and_worker_draws_its_own_numbers(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "ranks.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), str(ROOT)]))
+    env.pop("RANK", None)
+    subprocess.run(
+        [sys.executable, str(TESTS / "spawned_loader_ranks.py"), str(out)],
+        check=True,
+        timeout=600,
+        env=env,
+        cwd=ROOT,
+    )
+    ranks = json.loads(out.read_text())
+
+    seeds, draws = {}, {}
+    for rank, (first_epoch, second_epoch) in ranks.items():
+        assert first_epoch == second_epoch  # each block gives the same seeds again
+        for worker, seed, *values, sees_rank in first_epoch:
+            assert not sees_rank  # the worker cannot tell its rank ...
+            seeds.setdefault((rank, worker), seed)
+            draws.setdefault((rank, worker), tuple(values))
+    assert len(seeds) == 4
+    assert len(set(seeds.values())) == 4  # ... yet every (rank, worker) has its own seed
+    assert len(set(draws.values())) == 4
+
+
+def test_one_generator_for_every_rank_shares_the_order_and_named_ranks_keep_augmentation_apart(
+    monkeypatch,
+):
+    monkeypatch.delenv("RANK", raising=False)
+    rank_0 = epoch(generator=detctx.loader_generator(7, rank=0))
+    rank_1 = epoch(
+        functools.partial(detctx.seed_worker, rank=1), generator=detctx.loader_generator(7, rank=0)
+    )
 
     assert [item[0] for item in rank_0] == [item[0] for item in rank_1]
     assert all(a[2:] != b[2:] for a, b in zip(rank_0, rank_1))
-    assert from_environment == rank_1
 
 
 def test_the_data_order_does_not_depend_on_the_models_randomness():
@@ -151,6 +207,7 @@ def test_seed_worker_also_seeds_registered_sources_per_worker(monkeypatch):
         (lambda: detctx.seed_worker(True), TypeError, "worker_id"),
         (lambda: detctx.seed_worker(-1), ValueError, "worker_id"),
         (lambda: detctx.seed_worker(0, rank=1.0), TypeError, "rank"),
+        (lambda: detctx.loader_generator(1, rank=-1), ValueError, "rank"),
     ],
 )
 def test_bad_arguments_are_refused(call, error, match):

@@ -9,12 +9,20 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
-from conftest import run_python
+from conftest import HIDE_CUDA
+from conftest import run_python as run_in_child
 
 import detctx
+
+
+def run_python(code: str, **options: Any) -> str:
+    """A child with CUDA hidden: the simulated NPU is its only accelerator (on a GPU machine,
+    CUDA's own lazy seeding would add to the calls and traces these tests count)."""
+    return run_in_child(code, env={**HIDE_CUDA, **options.pop("env", {})}, **options)
 
 
 def test_a_bad_npu_level_fails_at_configuration_in_every_entry_point() -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import json
 import os
+import pkgutil
 import re
 import subprocess
 import sys
@@ -15,9 +17,43 @@ from typing import Any
 import pytest
 from helpers import draws, mindspeed_seed
 
+import detctx
 from detctx.pytest_plugin import node_seed
 
 pytest_plugins = ["pytester"]
+
+# Imported by the integrations alone; no in-process run here loads them.
+OPTIONAL_FRAMEWORKS = ("detctx.integrations.lightning", "detctx.integrations.transformers")
+
+
+def library_modules() -> list[str]:
+    return [
+        info.name
+        for info in pkgutil.walk_packages(detctx.__path__, "detctx.")
+        if not info.name.endswith("__main__") and info.name not in OPTIONAL_FRAMEWORKS
+    ]
+
+
+def orphans() -> list[str]:
+    """detctx modules the package holds as attributes that are not the ones in sys.modules."""
+    found = []
+    for name in library_modules():
+        parent, _, child = name.rpartition(".")
+        held = getattr(sys.modules.get(parent), child, None)
+        if held is not None and sys.modules.get(name) is not held:
+            found.append(name)
+    return found
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _library_imported_before_in_process_runs() -> None:
+    """pytester's in-process runs drop from sys.modules every module first imported during
+    them (pytest's SysModulesSnapshot), while the package keeps them as attributes, so a later
+    import makes a second copy of, say, detctx._errors, and tests run after this file compare
+    objects from two copies. Import the library first: then nothing of it is new in a run."""
+    for name in library_modules():
+        importlib.import_module(name)
+
 
 # The inner projects get a copy of the shared helpers under a name of their own: pytester
 # runs them in this process, where ``helpers`` is already this directory's module.
@@ -98,6 +134,24 @@ def test_the_marker_runs_the_test_and_its_fixtures_in_a_seeded_block(
         """
     )
     helpers.runpytest("-W", "error::pytest.PytestUnknownMarkWarning").assert_outcomes(passed=4)
+
+
+def test_an_in_process_run_leaves_one_copy_of_every_library_module(
+    helpers: pytest.Pytester,
+) -> None:
+    helpers.makepyfile(
+        test_marked="""
+        import pytest
+        from inner_helpers import draws
+
+        @pytest.mark.deterministic(seed=3)
+        def test_draws():
+            draws()
+        """
+    )
+    helpers.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
+
+    assert orphans() == []
 
 
 def test_the_detctx_seeding_fixture_reports_the_active_block(helpers: pytest.Pytester) -> None:
@@ -307,20 +361,32 @@ def test_installing_detctx_is_enough_to_load_the_plugin(pytester: pytest.Pyteste
 
 # --- start-up: the plugin loads nothing heavy until a test needs it ------------------------------
 
+# What detctx's own modules import: another plugin may import NumPy at start-up
+# (pytest-benchmark, jaxtyping), and that is not detctx's doing.
 LOADED = """
-import json, sys
+import builtins, json, sys
 import pytest
 
+heavy = set()
+real_import = builtins.__import__
+
+def recording_import(name, globals=None, locals=None, fromlist=(), level=0):
+    importer = (globals or {}).get("__name__") or ""
+    top = name.split(".")[0]
+    if level == 0 and top in ("torch", "numpy") and importer.split(".")[0] == "detctx":
+        heavy.add(top)
+    return real_import(name, globals, locals, fromlist, level)
+
+builtins.__import__ = recording_import
 code = pytest.main(sys.argv[1:])
-heavy = sorted({name.split(".")[0] for name in sys.modules} & {"torch", "numpy"})
 library = sorted(name for name in sys.modules if name.startswith("detctx."))
-print(json.dumps({"code": int(code), "heavy": heavy, "library": library}))
+print(json.dumps({"code": int(code), "heavy": sorted(heavy), "library": library}))
 """
 
 
 def pytest_in_a_fresh_process(folder: Path, *args: str) -> dict[str, Any]:
     """Run pytest with ``args`` in ``folder``, in a fresh interpreter with plugins
-    autoloaded; what it imported: the heavy modules and detctx's modules."""
+    autoloaded; what it imported: the heavy modules detctx imported, and detctx's modules."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     done = subprocess.run(
         [sys.executable, "-c", LOADED, "-p", "no:cacheprovider", *args],
@@ -346,6 +412,16 @@ def test_a_project_without_torch_runs_its_tests_without_importing_torch(tmp_path
     loaded = pytest_in_a_fresh_process(tmp_path, "-q")
     assert loaded["code"] == 0
     assert "detctx.pytest_plugin" in loaded["library"]
+    assert loaded["heavy"] == []
+
+
+def test_numpy_imported_at_start_up_by_another_plugin_is_not_counted_as_detctxs(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "conftest.py").write_text("import numpy  # as pytest-benchmark's plugin does\n")
+    (tmp_path / "test_plain.py").write_text("def test_sum():\n    assert sum([1, 2]) == 3\n")
+    loaded = pytest_in_a_fresh_process(tmp_path, "-q")
+    assert loaded["code"] == 0
     assert loaded["heavy"] == []
 
 

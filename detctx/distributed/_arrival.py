@@ -132,14 +132,30 @@ def _missing_ranks(
         store.set(keys[rank], "1")
         deadline = time.monotonic() + timeout
         # One round trip per poll while waiting; key by key only once, at the end.
-        while not store.check(keys):
+        while not _all_set(store, keys):
             if time.monotonic() >= deadline:
-                return tuple(other for other in range(world_size) if not store.check([keys[other]]))
+                return tuple(
+                    other for other in range(world_size) if not _all_set(store, [keys[other]])
+                )
             time.sleep(_POLL_S)
         return ()
     except (RuntimeError, ValueError):
         # The store lives in one rank's process (or torchrun's agent); it may be gone.
         return None
+
+
+def _all_set(store: Any, keys: list[str]) -> bool:
+    """Whether every key is in the store, without waiting for any."""
+    check = getattr(store, "check", None)
+    if check is not None:
+        return bool(check(keys))
+    # Older torch's stores (2.1's PrefixStore) have no check(): a wait of a millisecond
+    # says the same, raising "Socket Timeout" (a RuntimeError) when a key is missing.
+    try:
+        store.wait(keys, timedelta(milliseconds=1))
+    except RuntimeError:
+        return False
+    return True
 
 
 def _store() -> Any:

@@ -16,8 +16,14 @@ What it does, in every process of the run (``ddp_spawn`` children too):
   RNG seeded exactly as ``seed_everything(seed)`` seeds it, determinism
   switched on as ``Trainer(deterministic=True)`` does) and exports
   ``PL_GLOBAL_SEED=seed``, which Lightning's DDP setup (``reset_seed``) and its
-  ``DistributedSampler`` read; ``teardown`` (or ``on_exception``) restores every
-  RNG, switch and both ``PL_*`` variables.
+  ``DistributedSampler`` read, and ``PL_SEED_WORKERS=1``, so that Lightning
+  gives every data loader without a ``worker_init_fn`` its
+  ``pl_worker_init_function`` for the loader's rank: each worker of each rank
+  gets its own seeds, the very seeds of ``seed_everything(seed, workers=True)``;
+  ``teardown`` (or ``on_exception``) restores every RNG, switch and both
+  ``PL_*`` variables. A ``seed_everything`` call after the callback's
+  ``setup`` (in ``LightningModule.setup``, say) that changes the seed is
+  warned about (:class:`~detctx.DeterminismWarning`) when the stage starts.
 - Every validation run (the sanity check too), test, validate and predict
   loop runs in ``detctx.deterministic(eval_seed)``, from the creation of its
   data loader iterator to its end. Each starts from the same state, and the
@@ -47,6 +53,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import torch
 from typing_extensions import Unpack
 
 from detctx._deterministic import deterministic
@@ -186,6 +193,7 @@ class _DeterministicCallback:
         self._last: Snapshot | None = None
         self._pending: Snapshot | None = None
         self._resumed = False
+        self._reseed_checked = False
 
     def __repr__(self) -> str:
         return f"DeterministicCallback(seed={self.seed}, eval_seed={self.eval_seed})"
@@ -206,12 +214,13 @@ class _DeterministicCallback:
             return
         self._run_block.__enter__()
         self._open = True
+        self._reseed_checked = False
         self._resumed = self._pending is not None
         try:
             # Set inside the run's block, which puts both back on exit (they are
             # among the variables every block watches: detctx._environment.WATCHED).
             os.environ["PL_GLOBAL_SEED"] = str(self.seed)
-            os.environ["PL_SEED_WORKERS"] = os.environ.get("PL_SEED_WORKERS") or "0"
+            os.environ["PL_SEED_WORKERS"] = "1"
             for loop in _eval_loops(trainer):
                 loop.run = self._scoped(loop.run)
                 self._patched.append(loop)
@@ -227,6 +236,20 @@ class _DeterministicCallback:
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         self._close()
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        # LightningModule.setup runs after the callbacks' setup; a seed_everything there
+        # reseeds every RNG and rewrites PL_GLOBAL_SEED, which ddp workers read.
+        self._warn_if_reseeded(torch_seed=True)
+
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        self._warn_if_reseeded()
+
+    def on_test_start(self, trainer: Any, pl_module: Any) -> None:
+        self._warn_if_reseeded()
+
+    def on_predict_start(self, trainer: Any, pl_module: Any) -> None:
+        self._warn_if_reseeded()
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         # Called after Lightning restored the checkpoint (if any), whatever the strategy.
@@ -297,6 +320,31 @@ class _DeterministicCallback:
                 stacklevel=1,
             )
         return snapshot
+
+    def _warn_if_reseeded(self, *, torch_seed: bool = False) -> None:
+        """Warn, once per stage, when the run's seed was changed since ``setup``.
+
+        ``torch_seed``: also compare torch's seed (only outside the evaluation
+        blocks, which seed ``eval_seed``)."""
+        if self._reseed_checked or not self._open:
+            return
+        self._reseed_checked = True
+        exported = os.environ.get("PL_GLOBAL_SEED")
+        found = exported if exported != str(self.seed) else None
+        # A resumed run's torch seed is the one its checkpoint was reached from.
+        if found is None and torch_seed and not self._resumed and torch.initial_seed() != self.seed:
+            found = str(torch.initial_seed())
+        if found is None:
+            return
+        warnings.warn(
+            f"the run's seed was changed from {self.seed} to {found} after "
+            "DeterministicCallback seeded it (seed_everything or torch.manual_seed in "
+            "LightningModule.setup or configure_model?): the run now follows that seed, "
+            f"not DeterministicCallback(seed={self.seed}). Remove that call, or pass its "
+            "seed to the callback",
+            DeterminismWarning,
+            stacklevel=2,
+        )
 
     def _scoped(self, run: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(run)
