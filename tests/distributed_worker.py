@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import multiprocessing
 import os
 import random
 import sys
@@ -23,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from helpers import draws
+from helpers import draws, fork_ranks
 
 import detctx
 from detctx import (
@@ -224,20 +223,7 @@ def run_rank(rank: int, world: int, port: int, out_dir: str, train_too: bool) ->
 def main() -> None:
     port, world, out_dir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     train_too = "train" in sys.argv[4:]
-    # What the first use_deterministic_algorithms() imports (seconds of CPU): import it
-    # once here, so the forked ranks do not each pay for it on two cores.
-    import torch._inductor.config  # noqa: F401
-
-    context = multiprocessing.get_context("fork")
-    ranks = [
-        context.Process(target=run_rank, args=(rank, world, port, out_dir, train_too))
-        for rank in range(world)
-    ]
-    for process in ranks:
-        process.start()
-    for process in ranks:
-        process.join()
-    sys.exit(max(abs(process.exitcode or 0) for process in ranks))
+    fork_ranks(run_rank, world, world, port, out_dir, train_too)
 
 
 if __name__ == "__main__":

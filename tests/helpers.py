@@ -68,3 +68,39 @@ def generator_steps(rounds: int | None = None) -> None:
             pass
     finally:
         steps.close()
+
+
+class NoisyPoints(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """20 points; every read adds torch, NumPy and Python noise (random augmentation)."""
+
+    def __init__(self) -> None:
+        generator = torch.Generator().manual_seed(0)
+        self.x = torch.randn(20, 4, generator=generator)
+        self.y = torch.randn(20, 1, generator=generator)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        noise = 0.1 * torch.randn(4) + float(np.random.normal()) * 0.01 + random.random() * 0.01
+        return self.x[index] + noise, self.y[index]
+
+
+def fork_ranks(run_rank: Any, world: int, *args: Any) -> None:
+    """Run ``run_rank(rank, *args)`` in one forked process per rank; exit with the worst code.
+
+    What the first ``use_deterministic_algorithms()`` imports (seconds of CPU) is
+    imported once here, so the forked ranks do not each pay for it on two cores.
+    """
+    import multiprocessing
+    import sys
+
+    import torch._inductor.config  # noqa: F401
+
+    context = multiprocessing.get_context("fork")
+    ranks = [context.Process(target=run_rank, args=(rank, *args)) for rank in range(world)]
+    for process in ranks:
+        process.start()
+    for process in ranks:
+        process.join()
+    sys.exit(max(abs(process.exitcode or 0) for process in ranks))

@@ -18,34 +18,17 @@ every epoch. The resumed run starts from the checkpoint of step 6
 from __future__ import annotations
 
 import argparse
-import random
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
+from helpers import NoisyPoints
 from lightning_fit import framework
 
 import detctx
 from detctx.integrations.lightning import DeterministicCallback
 
 pl = framework()
-
-
-class NoisyPoints(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
-    """20 points; every read adds torch, NumPy and Python noise."""
-
-    def __init__(self) -> None:
-        generator = torch.Generator().manual_seed(0)
-        self.x = torch.randn(20, 4, generator=generator)
-        self.y = torch.randn(20, 1, generator=generator)
-
-    def __len__(self) -> int:
-        return len(self.x)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        noise = 0.1 * torch.randn(4) + float(np.random.normal()) * 0.01 + random.random() * 0.01
-        return self.x[index] + noise, self.y[index]
 
 
 class Model(pl.LightningModule):  # type: ignore[misc]

@@ -13,7 +13,6 @@ rank saw to ``OUT_DIR/rank<r>.json``:
 from __future__ import annotations
 
 import json
-import multiprocessing
 import sys
 import warnings
 from datetime import timedelta
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import megatron_on_npu
+from helpers import fork_ranks
 from megatron_on_npu import draw
 
 tracker_module = megatron_on_npu.install()
@@ -116,16 +116,7 @@ def run_rank(rank: int, port: int, out_dir: str) -> None:
 
 def main() -> None:
     port, out_dir = int(sys.argv[1]), sys.argv[2]
-    # What the first use_deterministic_algorithms() imports: once here, not in each rank.
-    import torch._inductor.config  # noqa: F401
-
-    context = multiprocessing.get_context("fork")
-    ranks = [context.Process(target=run_rank, args=(rank, port, out_dir)) for rank in (0, 1)]
-    for process in ranks:
-        process.start()
-    for process in ranks:
-        process.join()
-    sys.exit(max(abs(process.exitcode or 0) for process in ranks))
+    fork_ranks(run_rank, 2, port, out_dir)
 
 
 if __name__ == "__main__":

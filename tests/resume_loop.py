@@ -15,32 +15,13 @@ a gloo group, each on its half of the data with its own streams
 from __future__ import annotations
 
 import argparse
-import multiprocessing
-import random
-import sys
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 import torch
+from helpers import NoisyPoints, fork_ranks
 
 import detctx
-
-
-class NoisyPoints(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
-    """20 points; every read adds torch, NumPy and Python noise (random augmentation)."""
-
-    def __init__(self) -> None:
-        generator = torch.Generator().manual_seed(0)
-        self.x = torch.randn(20, 4, generator=generator)
-        self.y = torch.randn(20, 1, generator=generator)
-
-    def __len__(self) -> int:
-        return len(self.x)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        noise = 0.1 * torch.randn(4) + float(np.random.normal()) * 0.01 + random.random() * 0.01
-        return self.x[index] + noise, self.y[index]
 
 
 def batches(loader: Any) -> Iterator[Any]:
@@ -90,7 +71,7 @@ def train(
         return {"losses": losses, "weights": [p.detach().clone() for p in model.parameters()]}
 
 
-def run_rank(options: argparse.Namespace, rank: int, port: int) -> None:
+def run_rank(rank: int, options: argparse.Namespace, port: int) -> None:
     out = f"{options.out}.rank{rank}"
     if options.world > 1:
         store = torch.distributed.TCPStore("127.0.0.1", port, options.world, is_master=False)
@@ -122,19 +103,10 @@ def main() -> None:
     parser.add_argument("--world", type=int, default=1)
     options = parser.parse_args()
     if options.world == 1:
-        run_rank(options, 0, 0)
+        run_rank(0, options, 0)
         return
     store = torch.distributed.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
-    context = multiprocessing.get_context("fork")
-    ranks = [
-        context.Process(target=run_rank, args=(options, rank, store.port))
-        for rank in range(options.world)
-    ]
-    for process in ranks:
-        process.start()
-    for process in ranks:
-        process.join()
-    sys.exit(max(abs(process.exitcode or 0) for process in ranks))
+    fork_ranks(run_rank, options.world, options, store.port)
 
 
 if __name__ == "__main__":
