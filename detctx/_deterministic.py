@@ -100,8 +100,7 @@ class deterministic:
         tb: TracebackType | None,
     ) -> None:
         try:
-            if any(block.owner is self for block in blocks.entered_here()):
-                self._settings.coordinator.before_exit(exc)
+            self._settings.coordinator.before_exit(self, exc)
         finally:
             blocks.close_block(self)
 

@@ -75,8 +75,9 @@ class Coordinator(Protocol):
         """Check the entry once everything is seeded (may raise; the block is then closed)."""
         ...
 
-    def before_exit(self, raised: BaseException | None) -> None:
-        """Check the exit before anything is restored; ``raised``: what the body raised."""
+    def before_exit(self, owner: object, raised: BaseException | None) -> None:
+        """Check the exit of ``owner``'s block before anything is restored; ``raised``:
+        what the body raised."""
         ...
 
     def options(self) -> dict[str, object]:
@@ -84,9 +85,13 @@ class Coordinator(Protocol):
         ...
 
 
-@dataclass(frozen=True)
 class _Resolved:
-    seed: int
+    """The seed of one entry of a block of one process (a plain class: made on every entry)."""
+
+    __slots__ = ("seed",)
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
 
     def record(self, seeding: Seeding) -> Seeding:
         return seeding
@@ -101,7 +106,7 @@ class _Alone:
     def after_entry(self) -> None:
         pass
 
-    def before_exit(self, raised: BaseException | None) -> None:
+    def before_exit(self, owner: object, raised: BaseException | None) -> None:
         pass
 
     def options(self) -> dict[str, object]:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from typing_extensions import Unpack
 
+from detctx import _blocks as blocks
 from detctx._deterministic import deterministic
 from detctx._settings import Seeding, Settings
 from detctx._switches import SwitchOptions
@@ -100,8 +101,10 @@ class RankCoordinator:
         if self.verify:
             verify_across_ranks(self.group, timeout=self.timeout)
 
-    def before_exit(self, raised: BaseException | None) -> None:
-        if not self.verify:
+    def before_exit(self, owner: object, raised: BaseException | None) -> None:
+        # Only an exit of a block this context entered checks: a stray exit is an error
+        # of its own (OutOfOrderExitError), not a collective.
+        if not self.verify or not any(block.owner is owner for block in blocks.entered_here()):
             return
         try:
             verify_on_exit(self.group, self.timeout, raised)
