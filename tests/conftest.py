@@ -3,12 +3,16 @@ helpers that child scripts import too are in ``helpers.py``)."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -99,3 +103,32 @@ class CounterSource:
 
     def seed(self, seed: int) -> None:
         self.value = seed
+
+
+def launch_ranks(script: Path, world_size: int, *options: str, timeout: float) -> list[Any]:
+    """Run ``script PORT WORLD_SIZE OUT_DIR *options`` (it forks one process per rank);
+    each rank's ``OUT_DIR/rank<r>.json``, by rank.
+
+    The TCP store lives here, on a port the OS picks, so concurrent launches
+    cannot collide; every rank is killed if the launch outlives ``timeout``.
+    """
+    store = torch.distributed.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
+    with tempfile.TemporaryDirectory() as out_dir:
+        launcher = subprocess.Popen(
+            [sys.executable, str(script), str(store.port), str(world_size), out_dir, *options],
+            env=dict(os.environ, OMP_NUM_THREADS="1"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            output, _ = launcher.communicate(timeout=timeout)
+        finally:
+            if launcher.poll() is None:
+                os.killpg(launcher.pid, signal.SIGKILL)
+                launcher.wait()
+        assert launcher.returncode == 0, f"a rank failed:\n{output}"
+        return [
+            json.loads(Path(out_dir, f"rank{rank}.json").read_text()) for rank in range(world_size)
+        ]

@@ -1,6 +1,6 @@
 """Two gloo ranks with Megatron's tracker on simulated NPUs, for ``test_megatron.py``.
 
-Started as ``python megatron_ranks.py PORT OUT_DIR``: redirects ``torch.cuda`` to
+Started as ``python megatron_ranks.py PORT 2 OUT_DIR``: redirects ``torch.cuda`` to
 the simulated NPU and imports Megatron once, forks two ranks that join a gloo
 group through the test's TCP store, runs each scenario and writes what each
 rank saw to ``OUT_DIR/rank<r>.json``:
@@ -115,8 +115,8 @@ def run_rank(rank: int, port: int, out_dir: str) -> None:
 
 
 def main() -> None:
-    port, out_dir = int(sys.argv[1]), sys.argv[2]
-    fork_ranks(run_rank, 2, port, out_dir)
+    port, world, out_dir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    fork_ranks(run_rank, world, port, out_dir)
 
 
 if __name__ == "__main__":

@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import os
 import random
-import signal
-import subprocess
-import sys
-import tempfile
 import warnings
 from collections.abc import Iterator
 from datetime import timedelta
@@ -19,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import run_python
+from conftest import launch_ranks, run_python
 
 import detctx
 from detctx import (
@@ -43,32 +38,8 @@ LAUNCH_TIMEOUT_S = 150
 
 
 def launch(world_size: int, *options: str) -> list[dict[str, Any]]:
-    """Run ``distributed_worker.py`` on ``world_size`` ranks; each rank's results, by rank.
-
-    The TCP store lives here, on a port the OS picks, so concurrent launches
-    cannot collide; every rank is killed if the launch outlives its timeout.
-    """
-    store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
-    with tempfile.TemporaryDirectory() as out_dir:
-        command = [sys.executable, str(WORKER), str(store.port), str(world_size), out_dir]
-        launcher = subprocess.Popen(
-            [*command, *options],
-            env=dict(os.environ, OMP_NUM_THREADS="1"),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        try:
-            output, _ = launcher.communicate(timeout=LAUNCH_TIMEOUT_S)
-        finally:
-            if launcher.poll() is None:
-                os.killpg(launcher.pid, signal.SIGKILL)
-                launcher.wait()
-        assert launcher.returncode == 0, f"a rank failed:\n{output}"
-        return [
-            json.loads(Path(out_dir, f"rank{rank}.json").read_text()) for rank in range(world_size)
-        ]
+    """Run ``distributed_worker.py`` on ``world_size`` ranks; each rank's results, by rank."""
+    return launch_ranks(WORKER, world_size, *options, timeout=LAUNCH_TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")

@@ -7,12 +7,6 @@ the tests marked ``cuda`` run it on a CUDA device where there is one.
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
-import tempfile
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -20,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import run_python
+from conftest import launch_ranks, run_python
 
 import detctx
 from detctx import SeedMismatchError, distributed_deterministic
@@ -552,24 +546,7 @@ WORKER = Path(__file__).with_name("megatron_ranks.py")
 def two_ranks() -> list[dict[str, Any]]:
     if not dist.is_available():
         pytest.skip("torch.distributed is absent")
-    store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
-    with tempfile.TemporaryDirectory() as out_dir:
-        launcher = subprocess.Popen(
-            [sys.executable, str(WORKER), str(store.port), out_dir],
-            env=dict(os.environ, OMP_NUM_THREADS="1"),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        try:
-            output, _ = launcher.communicate(timeout=240)
-        finally:
-            if launcher.poll() is None:
-                os.killpg(launcher.pid, signal.SIGKILL)
-                launcher.wait()
-        assert launcher.returncode == 0, f"a rank failed:\n{output}"
-        return [json.loads(Path(out_dir, f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    return launch_ranks(WORKER, 2, timeout=240)
 
 
 def test_tensor_parallel_ranks_agree_on_everything_but_their_model_parallel_state(
