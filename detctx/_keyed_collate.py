@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from detctx import _transaction as transaction
 from detctx._snapshot import Snapshot
 from detctx._sources import registered_sources
 
@@ -48,13 +49,24 @@ class KeyedCollate:
         sequence = np.random.SeedSequence([word & 0xFFFFFFFF for word in words])
         seed = int(sequence.generate_state(1)[0])
         sources = list(registered_sources())
-        saved = Snapshot.capture(sources)
-        try:
+
+        def seeded(before: Snapshot) -> Snapshot:
             for _, source in sources:
                 source.seed(seed)
+            return before
+
+        # One transaction, as a block's: seeding that fails half-way is rolled back, and
+        # a Ctrl-C lands before the collator's world is in force or after it is gone.
+        before = transaction.change(
+            seeded,
+            lambda: Snapshot.capture(sources),
+            lasts=transaction.Lasts.UNTIL_END,
+            undo=lambda saved: transaction.end(saved.restore_each),
+        )
+        try:
             return self.collate(features)
         finally:
-            saved.restore()
+            transaction.end(before.restore_each)
 
     def __repr__(self) -> str:
         return f"KeyedCollate({self.collate!r}, seed={self.seed}, epoch={self.epoch})"

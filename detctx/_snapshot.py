@@ -170,7 +170,13 @@ class Snapshot(Mapping[str, Any]):
         return state_dict.encode([(name, *part) for name, part in self._rng.items()])
 
     @classmethod
-    def from_state_dict(cls, plain: Mapping[str, Any], *, strict: bool = True) -> Snapshot:
+    def from_state_dict(
+        cls,
+        plain: Mapping[str, Any],
+        *,
+        strict: bool = True,
+        sources: list[tuple[str, RNGSource]] | None = None,
+    ) -> Snapshot:
         """The state a :meth:`state_dict` describes, bound to this process's sources.
 
         Restores nothing by itself; call :meth:`restore`. Raises
@@ -178,8 +184,12 @@ class Snapshot(Mapping[str, Any]):
         for a dict of another format version, a source in the dict that is
         not registered here, a state that does not fit its source and, with
         ``strict`` (the default), a source managed here that the dict lacks.
+        ``sources``: the ``(name, source)`` pairs to bind (default: every
+        active source).
         """
-        decoded = state_dict.decode(plain, active_sources(), strict=strict)
+        if sources is None:
+            sources = active_sources()
+        decoded = state_dict.decode(plain, sources, strict=strict)
         return cls({name: (source, state) for name, source, state in decoded})
 
     def fingerprint(self) -> str:

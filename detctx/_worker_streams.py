@@ -24,7 +24,6 @@ from typing import Any
 
 import torch
 
-from detctx import _state_dict as state_dict
 from detctx._errors import CheckpointError
 from detctx._snapshot import Snapshot
 from detctx._sources import registered_sources
@@ -89,5 +88,5 @@ class WorkerStreams(torch.utils.data.Dataset[Any]):
         if state["dataset"] is not None:
             self.dataset.load_state_dict(state["dataset"])
         if state["rng"] is not None and torch.utils.data.get_worker_info() is not None:
-            decoded = state_dict.decode(state["rng"], list(registered_sources()))
-            Snapshot({name: (source, saved) for name, source, saved in decoded}).restore()
+            sources = list(registered_sources())
+            Snapshot.from_state_dict(state["rng"], sources=sources).restore()
