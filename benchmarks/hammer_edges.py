@@ -178,7 +178,7 @@ def hammer_ranks(launches: int, timeout: float) -> dict[str, Any]:
 
 
 def hammer_seed_text(count: int, seed: int) -> dict[str, Any]:
-    from detctx._seeds import MAX_SEED, parse_seed
+    from detctx._basics.seeds import MAX_SEED, parse_seed
 
     rng = random.Random(seed)
     # ASCII digits, separators and signs, Arabic-Indic and fullwidth digits, letters.

@@ -25,8 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from detctx import _inductor as inductor
-from detctx._switches import env_switches
+from detctx._environment import env_switches, inductor
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ because MT19937's ``state`` property copies the key one element at a time.
 Three ways to save, seed and restore it, measured here side by side:
 
 - ``get_state`` / ``seed`` / ``set_state``: the plain way (the floor).
-- detctx's way (``detctx._numpy_restore``): ``get_state`` to save (the only
+- detctx's way (``detctx._sources.numpy_restore``): ``get_state`` to save (the only
   way to read the Gaussian cache); to restore a state whose cache is empty
   (``has_gauss == 0`` and ``gauss == 0.0``, the usual case), ``seed(0)``
   (which empties the cache) and then copy key and position back into the
@@ -36,8 +36,8 @@ from typing import Any
 import numpy as np
 
 from benchmarks.harness import Result, Row, Settings, Table, format_stats, measure, repeated
-from detctx import _numpy_restore as numpy_restore
-from detctx._numpy_restore import restore_random_state
+from detctx._sources import numpy_restore
+from detctx._sources.numpy_restore import restore_random_state
 
 SCENARIO = "numpy floor"
 SEED = 1234

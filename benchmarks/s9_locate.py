@@ -60,7 +60,7 @@ def _fixed_batch() -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
 
 def _demo_batches(loaders: list[Any]) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
     from detctx._cli.demo import NoisyPoints
-    from detctx._loader import loader_generator, seed_worker
+    from detctx._data.loader import loader_generator, seed_worker
 
     loader = DataLoader(
         NoisyPoints(BATCH * 64),

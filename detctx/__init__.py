@@ -15,10 +15,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from detctx._accelerators import register_accelerator
-    from detctx._deterministic import deterministic, open_blocks, seed_all
-    from detctx._doctor import Diagnosis, diagnose
-    from detctx._errors import (
+    from detctx._basics import (
+        DEFAULT_SEED,
+        SEED_ENV,
         CheckpointError,
         DetctxError,
         DeterminismUnavailableError,
@@ -31,19 +30,34 @@ if TYPE_CHECKING:
         SeedAgreementError,
         SeedMismatchError,
         TraceError,
+        derive_seed,
+        group_seed,
     )
-    from detctx._loader import loader_generator, seed_worker
+    from detctx._blocks import (
+        DeterministicRegion,
+        Seeding,
+        deterministic,
+        deterministic_region,
+        open_blocks,
+        seed_all,
+    )
+    from detctx._data import loader_generator, resumable_loader, resume, resume_state, seed_worker
+    from detctx._environment import EnvSwitchOptions
     from detctx._locate import Divergence, locate_divergence
-    from detctx._probe import PROBE_OPS, ProbeOp, ProbeReport, ProbeRow, run_probe
-    from detctx._region import DeterministicRegion, deterministic_region
-    from detctx._reproducible import check_gradients, check_reproducible
-    from detctx._resume import resumable_loader, resume, resume_state
-    from detctx._seeds import DEFAULT_SEED, SEED_ENV, derive_seed, group_seed
-    from detctx._settings import Seeding
-    from detctx._snapshot import Snapshot, capture, fingerprint, restore
-    from detctx._sources import RNGSource, register_source, unregister_source
-    from detctx._state_dict import PlainStateSource
-    from detctx._switches import EnvSwitchOptions, SwitchOptions
+    from detctx._proving import (
+        PROBE_OPS,
+        Diagnosis,
+        ProbeOp,
+        ProbeReport,
+        ProbeRow,
+        check_gradients,
+        check_reproducible,
+        diagnose,
+        run_probe,
+    )
+    from detctx._sources import RNGSource, register_accelerator, register_source, unregister_source
+    from detctx._state import PlainStateSource, Snapshot, capture, fingerprint, restore
+    from detctx._switches import SwitchOptions
     from detctx.distributed import (
         DistributedSeeding,
         agree_seed,
@@ -63,9 +77,27 @@ from detctx._version import __version__
 # Where each public name lives; tests/test_lazy_imports.py keeps it in step with the
 # imports above.
 _EXPORTS: dict[str, tuple[str, ...]] = {
-    "detctx._accelerators": ("register_accelerator",),
-    "detctx._deterministic": ("deterministic", "open_blocks", "seed_all"),
-    "detctx._loader": ("loader_generator", "seed_worker"),
+    "detctx._sources": (
+        "register_accelerator",
+        "RNGSource",
+        "register_source",
+        "unregister_source",
+    ),
+    "detctx._blocks": (
+        "deterministic",
+        "open_blocks",
+        "seed_all",
+        "DeterministicRegion",
+        "deterministic_region",
+        "Seeding",
+    ),
+    "detctx._data": (
+        "loader_generator",
+        "seed_worker",
+        "resumable_loader",
+        "resume",
+        "resume_state",
+    ),
     "detctx.distributed": (
         "DistributedSeeding",
         "agree_seed",
@@ -74,7 +106,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "prepare_environment",
         "verify_across_ranks",
     ),
-    "detctx._errors": (
+    "detctx._basics": (
         "CheckpointError",
         "DetctxError",
         "DeterminismUnavailableError",
@@ -87,19 +119,35 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "SeedAgreementError",
         "SeedMismatchError",
         "TraceError",
+        "DEFAULT_SEED",
+        "SEED_ENV",
+        "derive_seed",
+        "group_seed",
     ),
-    "detctx._locate": ("Divergence", "locate_divergence"),
-    "detctx._doctor": ("Diagnosis", "diagnose"),
-    "detctx._probe": ("PROBE_OPS", "ProbeOp", "ProbeReport", "ProbeRow", "run_probe"),
-    "detctx._region": ("DeterministicRegion", "deterministic_region"),
-    "detctx._seeds": ("DEFAULT_SEED", "SEED_ENV", "derive_seed", "group_seed"),
-    "detctx._settings": ("Seeding",),
-    "detctx._snapshot": ("Snapshot", "capture", "fingerprint", "restore"),
-    "detctx._sources": ("RNGSource", "register_source", "unregister_source"),
-    "detctx._state_dict": ("PlainStateSource",),
-    "detctx._switches": ("EnvSwitchOptions", "SwitchOptions"),
-    "detctx._reproducible": ("check_gradients", "check_reproducible"),
-    "detctx._resume": ("resumable_loader", "resume", "resume_state"),
+    "detctx._locate": (
+        "Divergence",
+        "locate_divergence",
+    ),
+    "detctx._proving": (
+        "Diagnosis",
+        "diagnose",
+        "PROBE_OPS",
+        "ProbeOp",
+        "ProbeReport",
+        "ProbeRow",
+        "run_probe",
+        "check_gradients",
+        "check_reproducible",
+    ),
+    "detctx._state": (
+        "Snapshot",
+        "capture",
+        "fingerprint",
+        "restore",
+        "PlainStateSource",
+    ),
+    "detctx._environment": ("EnvSwitchOptions",),
+    "detctx._switches": ("SwitchOptions",),
 }
 
 # Earlier names, kept working: ``Run`` is now ``Seeding`` (what an entry applied;

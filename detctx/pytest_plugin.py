@@ -23,11 +23,10 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 # Nothing of torch or NumPy: the seed parser and the derivation import NumPy only inside.
-from detctx._seeds import derive_seed, parse_seed
+from detctx._basics import derive_seed, parse_seed
 
 if TYPE_CHECKING:
-    from detctx._deterministic import deterministic
-    from detctx._settings import Seeding
+    from detctx._blocks import Seeding, deterministic
 
 __all__ = ["node_seed"]
 
@@ -101,7 +100,7 @@ def _block_for(item: pytest.Item) -> deterministic | None:
     marker = item.get_closest_marker(_MARKER)
     if marker is None and session_seed is None:
         return None
-    from detctx._deterministic import deterministic
+    from detctx._blocks import deterministic
 
     if marker is None:
         return deterministic(node_seed(session_seed, item.nodeid))
@@ -150,7 +149,7 @@ def detctx_seeding(_detctx_block: Seeding | None) -> Iterator[Seeding]:
     if _detctx_block is not None:
         yield _detctx_block
         return
-    from detctx._deterministic import deterministic
+    from detctx._blocks import deterministic
 
     with deterministic() as seeding:
         yield seeding

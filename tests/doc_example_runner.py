@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 import detctx
-from detctx._sources import registered_sources
+from detctx._sources.registry import registered_sources
 
 ROOT = Path(__file__).resolve().parent.parent
 PREAMBLE = ROOT / "examples" / "docs_preamble.py"

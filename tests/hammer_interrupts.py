@@ -24,7 +24,7 @@ import torch
 from helpers import DETERMINISM_ENV, generator_steps, mindspeed_seed
 
 import detctx
-from detctx import _blocks as block_stack
+from detctx._blocks import stack as block_stack
 
 
 def world() -> tuple[object, ...]:

@@ -16,9 +16,8 @@ import numpy as np
 import torch
 
 import detctx
-from detctx import _inductor as inductor
-from detctx._seeds import SEED_ENV
-from detctx._switches import env_switches
+from detctx._basics.seeds import SEED_ENV
+from detctx._environment import env_switches, inductor
 
 DETERMINISM_ENV = (*(switch.variable for switch in env_switches()), SEED_ENV, inductor.VARIABLE)
 """The variables a block may set, read from the switch table: each test starts with them

@@ -17,7 +17,7 @@ import detctx
 
 VARIABLE = "TORCHINDUCTOR_DETERMINISTIC"
 
-# Older torch (2.1) has neither: detctx leaves them alone there (detctx/_inductor.py).
+# Older torch (2.1) has neither: detctx leaves them alone there (detctx/_environment/inductor.py).
 needs_inductor_setting = pytest.mark.skipif(
     not hasattr(inductor_config, "deterministic"),
     reason="this torch's inductor has no deterministic setting",

@@ -15,7 +15,7 @@ from conftest import run_python
 from helpers import draws
 
 import detctx
-from detctx._state_dict import VERSION
+from detctx._state.state_dict import VERSION
 
 
 def save_and_load(obj: Any) -> Any:

@@ -132,7 +132,7 @@ def test_a_numpy_position_of_2_31_reaches_neither_the_fast_path_nor_set_state() 
     output = run_python(
         """
         import numpy as np, detctx
-        from detctx._numpy_restore import restore_random_state
+        from detctx._sources.numpy_restore import restore_random_state
         crafted = detctx.capture().state_dict()
         crafted["sources"]["numpy"]["state"]["pos"] = 2**31 - 1
         try:

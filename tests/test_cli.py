@@ -14,7 +14,7 @@ import pytest
 
 from detctx import _cli as cli
 from detctx._cli.curves import compile_pattern, extract
-from detctx._doctor import Diagnosis, advise, diagnose
+from detctx._proving.doctor import Diagnosis, advise, diagnose
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -280,9 +280,7 @@ def test_plotting_without_matplotlib_says_what_to_install(tmp_path, capsys, monk
 
 
 def test_doctor_shows_every_variable_a_block_sets_or_puts_back() -> None:
-    from detctx import _inductor as inductor
-    from detctx._environment import WATCHED
-    from detctx._switches import env_switches
+    from detctx._environment import WATCHED, env_switches, inductor
 
     shown = diagnose().environment
     for name in (*(s.variable for s in env_switches()), inductor.VARIABLE, *WATCHED.variables):
@@ -290,7 +288,7 @@ def test_doctor_shows_every_variable_a_block_sets_or_puts_back() -> None:
 
 
 def test_the_doctor_is_content_with_every_value_a_block_writes_or_keeps() -> None:
-    from detctx._switches import env_switches
+    from detctx._environment import env_switches
 
     devices = [
         {"type": "cuda", "count": 1, "initialised": False},

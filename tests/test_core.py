@@ -17,7 +17,7 @@ from conftest import CounterSource
 from helpers import draws, mindspeed_seed
 
 import detctx
-from detctx._errors import DeterminismWarning, OutOfOrderExitError
+from detctx._basics.errors import DeterminismWarning, OutOfOrderExitError
 
 # --- seeding ------------------------------------------------------------------------------------
 
@@ -506,7 +506,7 @@ def test_the_lock_is_released_after_a_failed_entry() -> None:
 
 
 def test_a_thread_kept_waiting_is_told_why(monkeypatch: pytest.MonkeyPatch) -> None:
-    from detctx import _transaction as transaction
+    from detctx._state import transaction
 
     monkeypatch.setattr(transaction, "WAIT_BEFORE_WARNING_S", 0.05)
     caught: list[warnings.WarningMessage] = []

@@ -27,7 +27,7 @@ from detctx import (
     prepare_environment,
     verify_across_ranks,
 )
-from detctx._snapshot import active_sources
+from detctx._state.snapshot import active_sources
 from detctx.distributed._agreement import decide
 from detctx.distributed._rank_check import compare_rows, verification_row
 
@@ -243,7 +243,7 @@ def test_mismatch_message_lists_every_rank_compactly() -> None:
 
 def test_a_rank_managing_other_sources_is_named() -> None:
     usual = sorted(active_sources(), key=lambda item: item[0])
-    extra = [*usual, ("sampler", detctx._sources.as_source(random.Random(3)))]
+    extra = [*usual, ("sampler", detctx._sources.registry.as_source(random.Random(3)))]
     rows = [verification_row(None, usual)[0]] * 2 + [verification_row(None, extra)[0]]
     names = [name for name, _ in usual]
     assert compare_rows(rows, rows[0], names) == {2: ("sources",)}

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import get_type_hints
 
 import detctx
-from detctx._switches import SWITCHES, EnvSwitch, EnvSwitchOptions, SwitchOptions
+from detctx._environment import EnvSwitch, EnvSwitchOptions
+from detctx._switches import SWITCHES, SwitchOptions
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "detctx"
@@ -75,8 +76,94 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_package_has_no_import_cycle() -> None:
     graph = dependency_graph()
-    assert graph.get("detctx._deterministic")  # the walk sees imports
+    assert graph.get("detctx._blocks.block")  # the walk sees imports
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])
+
+
+# The layers, bottom first, as docs/architecture.md draws them: a package imports only
+# its own modules and packages of lower layers. The root package (the public face,
+# importing lazily) may import from any layer.
+LAYERS: list[set[str]] = [
+    {"_version", "_basics"},
+    {"_environment"},
+    {"_sources"},
+    {"_switches"},
+    {"_state"},
+    {"_blocks"},
+    {"distributed"},
+    {"_data", "_locate"},
+    {"_proving"},
+    {"integrations"},
+    {"pytest_plugin", "_cli"},
+    {"__main__"},
+]
+LAYER_OF = {unit: level for level, units in enumerate(LAYERS) for unit in units}
+
+
+def unit_of(name: str) -> str:
+    """The top-level package or module under ``detctx`` that ``name`` belongs to."""
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_every_package_is_in_a_layer() -> None:
+    assert {unit_of(name) for name in MODULES} - {""} == set(LAYER_OF)
+
+
+def test_each_package_imports_only_the_layers_below_it() -> None:
+    offenders = []
+    for name, targets in dependency_graph().items():
+        unit = unit_of(name)
+        if not unit:
+            continue  # the public face
+        for target in targets:
+            other = unit_of(target)
+            if other and other != unit and LAYER_OF[other] >= LAYER_OF[unit]:
+                offenders.append(f"{name} -> {target}")
+    assert offenders == [], "an arrow up or sideways between layers"
+
+
+def interface_of(package: str) -> set[str]:
+    path = PACKAGE / package / "__init__.py"
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(target, ast.Name) and target.id == "__all__" for target in node.targets
+        ):
+            return set(ast.literal_eval(node.value))
+    return set()
+
+
+def test_another_package_is_imported_only_through_its_interface() -> None:
+    # detctx.distributed and detctx.integrations.* are public; private packages expose
+    # what other layers use in their __init__'s __all__.
+    offenders = []
+    for name, path in MODULES.items():
+        unit = unit_of(name)
+        for base, names in imports_of(path, name):
+            if not base.startswith("detctx.") or unit_of(base) in ("", unit) or not unit:
+                continue
+            other = unit_of(base)
+            if not (PACKAGE / other).is_dir():
+                continue  # a top-level module (_version, pytest_plugin)
+            inner = base.split(".")[2:]
+            if base != f"detctx.{other}" and any(part.startswith("_") for part in inner):
+                offenders.append(f"{name}: {base} is private to detctx.{other}")
+            elif base == f"detctx.{other}":
+                missing = set(names) - interface_of(other)
+                if missing:
+                    offenders.append(f"{name}: {sorted(missing)} not in detctx.{other}.__all__")
+            elif other.startswith("_"):
+                offenders.append(f"{name}: {base} is a module of the private detctx.{other}")
+    assert offenders == []
+
+
+def test_the_architecture_page_draws_the_same_layers() -> None:
+    page = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = page[page.index("## The layers") :]
+    table = section[: section.index("\n## ", 1)]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "`" in line]
+    drawn = [set(re.findall(r"`(\w+)/?(?:\.py)?`", row.split("|")[2])) for row in rows]
+    assert drawn == LAYERS
 
 
 def test_a_cycle_would_be_found() -> None:

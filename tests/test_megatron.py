@@ -457,7 +457,7 @@ def test_megatrons_seed_rule() -> None:
 def test_bad_ranks_and_options_fail_when_given(build: Any, error: type) -> None:
     with pytest.raises(error):
         build()
-    assert "megatron" not in dict(detctx._sources.registered_sources())
+    assert "megatron" not in dict(detctx._sources.registry.registered_sources())
 
 
 def test_without_megatron_core_registering_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -105,7 +105,7 @@ def test_levels_are_set_inside_blocks_and_put_back_with_torchs_flag() -> None:
         # seed_all sets it for good, like the other switches; detctx doctor shows it.
         detctx.seed_all(3, npu_level=1)
         assert state() == (1, True, False)
-        from detctx._doctor import diagnose
+        from detctx._proving.doctor import diagnose
         assert diagnose().flags["torch_npu.npu._get_deterministic_level"] == 1
         print("ok")
         """
@@ -162,7 +162,7 @@ def test_an_npu_whose_torch_npu_lacks_levels_warns_naming_the_version_needed() -
         [warning] = caught
         assert warning.category is detctx.DeterminismWarning
         assert "2.6.0.post6" in str(warning.message) and "npu_level=3" in str(warning.message)
-        from detctx._doctor import diagnose
+        from detctx._proving.doctor import diagnose
         shown = diagnose().flags["torch_npu.npu._get_deterministic_level"]
         assert shown.startswith("not in this torch_npu (needs torch_npu 2.6.0.post6"), shown
         print("ok")

@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from detctx._numpy_restore import restore_random_state
+from detctx._sources.numpy_restore import restore_random_state
 
 
 def sample_every_kind(rng: np.random.RandomState) -> list[np.ndarray]:

@@ -12,7 +12,7 @@ import torch
 
 import detctx
 from detctx._cli import main
-from detctx._probe import PROBE_OPS, ProbeOp, run_probe
+from detctx._proving.probe import PROBE_OPS, ProbeOp, run_probe
 
 
 def summing_in_a_random_order(device: torch.device, large: bool) -> object:

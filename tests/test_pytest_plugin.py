@@ -49,7 +49,7 @@ def orphans() -> list[str]:
 def _library_imported_before_in_process_runs() -> None:
     """pytester's in-process runs drop from sys.modules every module first imported during
     them (pytest's SysModulesSnapshot), while the package keeps them as attributes, so a later
-    import makes a second copy of, say, detctx._errors, and tests run after this file compare
+    import makes a second copy of, say, detctx._basics.errors, and tests run after this file compare
     objects from two copies. Import the library first: then nothing of it is new in a run."""
     for name in library_modules():
         importlib.import_module(name)
@@ -435,4 +435,4 @@ def test_the_first_test_that_uses_the_marker_loads_the_library(tmp_path: Path) -
     loaded = pytest_in_a_fresh_process(tmp_path, "-q")
     assert loaded["code"] == 0
     assert loaded["heavy"] == ["numpy", "torch"]
-    assert "detctx._deterministic" in loaded["library"]
+    assert "detctx._blocks.block" in loaded["library"]

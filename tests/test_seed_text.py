@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import detctx
 from detctx import _cli as cli
-from detctx._seeds import MAX_SEED, parse_seed
+from detctx._basics.seeds import MAX_SEED, parse_seed
 
 REJECTED = ["abc", "٣", "1_000", "-1", "+5", "0x2a", "1e3", "4294967296", "", "  ", "5.0"]
 REJECTED.append("\uff11\uff12")  # fullwidth digits
@@ -69,7 +69,7 @@ def test_a_rank_variable_is_read_by_the_same_rule(monkeypatch, text: str) -> Non
 
 
 def test_a_rank_variable_with_leading_zeros_is_that_rank(monkeypatch) -> None:
-    from detctx._loader import current_rank
+    from detctx._data.loader import current_rank
 
     monkeypatch.setenv("RANK", "007")
 

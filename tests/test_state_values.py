@@ -14,8 +14,8 @@ import torch
 from conftest import HIDE_CUDA, run_python
 
 import detctx
-from detctx._accelerators import Uninitialised
-from detctx._state_values import accelerator_value
+from detctx._sources.accelerators import Uninitialised
+from detctx._state.values import accelerator_value
 
 
 def philox(seed: int, offset: int) -> torch.Tensor:
@@ -146,7 +146,7 @@ def test_ranks_whose_npu_sleeps_or_is_awake_give_the_same_verification_row() -> 
     out = npu_python(
         """
 import torch, detctx
-from detctx._snapshot import active_sources
+from detctx._state.snapshot import active_sources
 from detctx.distributed._rank_check import verification_row
 
 torch.manual_seed(5)

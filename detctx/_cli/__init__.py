@@ -17,6 +17,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from detctx._basics import (
+    DEFAULT_SEED,
+    SEED_ENV,
+    DetctxError,
+    MetricsError,
+    parse_seed,
+    resolve_seed,
+)
 from detctx._cli.curves import (
     CurveComparison,
     compare,
@@ -29,8 +37,6 @@ from detctx._cli.logs import read_curve
 from detctx._cli.plot_target import check_plot_path
 from detctx._cli.plotting import load_pyplot, plot
 from detctx._cli.signals import Stopped, forwarded_signals, raise_pending
-from detctx._errors import DetctxError, MetricsError
-from detctx._seeds import DEFAULT_SEED, SEED_ENV, parse_seed, resolve_seed
 
 __all__ = ["main"]
 
@@ -210,7 +216,7 @@ def _doctor(args: argparse.Namespace) -> int:
         return probe.main(args.device, as_json=args.json)
     if args.device:
         raise ValueError("--device chooses the devices of --probe: add --probe")
-    from detctx._doctor import diagnose
+    from detctx._proving import diagnose
 
     diagnosis = diagnose(read_device_names=True)
     if args.json:

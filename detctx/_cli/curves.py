@@ -2,7 +2,7 @@
 
 A curve is the sequence of metric values a log prints, one per matching line,
 in order. Two curves agree when they have the same number of points and every
-point is the same float by :func:`detctx._equality.same_float` (bit for bit;
+point is the same float by :func:`detctx._basics.equality.same_float` (bit for bit;
 NaN equals NaN; ``-0.0`` differs from ``0.0``). Carriage returns count as line
 ends, so progress-bar refreshes (tqdm, Lightning) are separate lines. A log
 whose numbers show fewer than :data:`FULL_DIGITS` significant digits has
@@ -19,9 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from detctx._basics import MetricsError, same_float
 from detctx._cli.hints import FrameworkSigns
-from detctx._equality import same_float
-from detctx._errors import MetricsError
 
 __all__ = [
     "DEFAULT_PATTERN",

@@ -27,12 +27,12 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from detctx._basics import same_float
+from detctx._blocks import deterministic
 from detctx._cli.curves import Curve, Point, compare
 from detctx._cli.plotting import plot
-from detctx._deterministic import deterministic
-from detctx._equality import same_float
-from detctx._loader import loader_generator, seed_worker
-from detctx._snapshot import capture, restore
+from detctx._data import loader_generator, seed_worker
+from detctx._state import capture, restore
 
 __all__ = ["main", "train"]
 

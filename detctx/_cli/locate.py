@@ -14,7 +14,7 @@ folder removed afterwards; they are read back as untrusted input. In
 :mod:`detctx._cli.paths`).
 
 Nothing here imports torch before the runs: ``detctx run`` keeps torch out of
-its own process (see :mod:`detctx._env_switches`); comparing the traces at
+its own process (see :mod:`detctx._environment.switches`); comparing the traces at
 the end does.
 """
 
@@ -29,12 +29,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
+from detctx._basics import TraceError
 from detctx._cli.curves import Curve, CurveComparison, compare
 from detctx._cli.paths import refuse_link, remove_created
-from detctx._errors import TraceError
 
 if TYPE_CHECKING:
-    from detctx._locate.divergence import Divergence
+    from detctx._locate import Divergence
 
 __all__ = ["TRACE_ENV", "Tracing", "report_located"]
 
@@ -51,7 +51,7 @@ import sys
 
 if os.environ.get("DETCTX_LOCATE_TRACE"):
     try:
-        from detctx._locate.child import start_from_environment
+        from detctx._locate import start_from_environment
 
         start_from_environment()
     except Exception as exc:
@@ -110,7 +110,7 @@ class Tracing:
 
     def locate(self) -> Divergence | None:
         """The first op where a run parts from run 1, or ``None`` when every trace agrees."""
-        from detctx._locate.divergence import compare_traces
+        from detctx._locate import compare_traces
 
         for index in range(1, self.runs + 1):
             if not self.trace(index).is_file():

@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
+from detctx._basics import MetricsError
 from detctx._cli.curves import METRIC_VALUE, Curve, Point, compile_pattern, read_log
-from detctx._errors import MetricsError
 
 __all__ = [
     "TRAINING_LOSS_COLUMNS",

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import IO, Final
 
-from detctx._errors import MetricsError
+from detctx._basics import MetricsError
 
 __all__ = ["open_for_writing", "refuse_link", "remove_created"]
 

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from detctx._basics import MissingDependencyError
 from detctx._cli.curves import Curve, CurveComparison, compare, digits_text, printed_digits
 from detctx._cli.plot_target import plot_format
-from detctx._errors import MissingDependencyError
 
 __all__ = ["load_pyplot", "plot", "title"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from detctx._probe import ProbeReport, ProbeRow, run_probe
+from detctx._proving import ProbeReport, ProbeRow, run_probe
 
 __all__ = ["format_report", "main"]
 

@@ -14,13 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Final
 
+from detctx._basics import SEED_ENV, MetricsError
 from detctx._cli.curves import Curve, Point, parse_line
 from detctx._cli.lines import LineReader
 from detctx._cli.paths import open_for_writing, refuse_link
 from detctx._cli.signals import signal_of, stop_group
-from detctx._env_switches import env_switches
-from detctx._errors import MetricsError
-from detctx._seeds import SEED_ENV
+from detctx._environment import env_switches
 
 __all__ = [
     "Progress",

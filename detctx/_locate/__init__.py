@@ -10,7 +10,8 @@ nothing is installed until a recording starts.
 
 from __future__ import annotations
 
-from detctx._locate.divergence import Divergence
+from detctx._locate.child import start_from_environment
+from detctx._locate.divergence import Divergence, compare_traces
 from detctx._locate.search import locate_divergence
 
-__all__ = ["Divergence", "locate_divergence"]
+__all__ = ["Divergence", "compare_traces", "locate_divergence", "start_from_environment"]

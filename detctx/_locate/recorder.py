@@ -36,7 +36,7 @@ from typing import Any, Final, Protocol
 
 import torch
 
-from detctx._errors import MissingDependencyError
+from detctx._basics import MissingDependencyError
 from detctx._locate.callsite import UNKNOWN, user_line, user_line_in_backward
 from detctx._locate.digest import digest
 from detctx._locate.modules import ModuleTracker

@@ -8,10 +8,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from detctx._deterministic import deterministic
+from detctx._basics import DEFAULT_SEED, as_integer, resolve_seed, validate_seed
+from detctx._blocks import deterministic
 from detctx._locate.divergence import Capture, Divergence, OpComparison, element_difference
 from detctx._locate.trace import TraceWriter, read_trace
-from detctx._seeds import DEFAULT_SEED, as_integer, resolve_seed, validate_seed
 
 if TYPE_CHECKING:
     from detctx._locate.recorder import Sink

@@ -20,7 +20,7 @@ from collections.abc import Generator
 from pathlib import Path
 from typing import BinaryIO, Final, NamedTuple
 
-from detctx._errors import TraceError
+from detctx._basics import TraceError
 
 __all__ = ["BUFFER_BYTES", "MAGIC", "OpRecord", "TraceWriter", "read_trace"]
 

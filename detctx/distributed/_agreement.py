@@ -17,17 +17,17 @@ from typing import Any
 
 import torch
 
-from detctx._errors import SeedMismatchError
-from detctx._seeds import (
+from detctx._basics import (
     MAX_SEED,
     SEED_ENV,
+    SeedMismatchError,
     as_integer,
     derive_seed,
     group_seed,
     resolve_seed,
     validate_seed,
 )
-from detctx._settings import Seeding
+from detctx._blocks import Seeding
 from detctx.distributed._arrival import (
     DEFAULT_TIMEOUT_S,
     check_timeout,
@@ -141,7 +141,7 @@ class DistributedSeeding(Seeding):
     megatron_seeds: MegatronSeeds | None = None
 
     def group_seed(self, **coordinates: int) -> int:
-        """:func:`~detctx._seeds.group_seed` of the shared seed, e.g. ``run.group_seed(tp=0)``."""
+        """:func:`~detctx.group_seed` of the shared seed, e.g. ``run.group_seed(tp=0)``."""
         return group_seed(self.shared_seed, **coordinates)
 
     def describe(self) -> str:

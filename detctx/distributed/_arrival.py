@@ -28,7 +28,7 @@ from typing import Any, Final
 
 import torch
 
-from detctx._errors import SeedAgreementError
+from detctx._basics import SeedAgreementError
 from detctx.distributed._topology import collective_device
 
 __all__ = [

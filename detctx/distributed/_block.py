@@ -17,9 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from typing_extensions import Unpack
 
-from detctx import _blocks as blocks
-from detctx._deterministic import deterministic
-from detctx._settings import Seeding, Settings
+from detctx._blocks import Seeding, Settings, deterministic
+from detctx._blocks import stack as blocks
 from detctx._switches import SwitchOptions
 from detctx.distributed._agreement import (
     Agreement,

@@ -7,8 +7,9 @@ from typing import Final
 
 from typing_extensions import Unpack
 
-from detctx._seeds import SEED_ENV, validate_seed
-from detctx._switches import EnvSwitch, EnvSwitchOptions, env_switches, validate_switches
+from detctx._basics import SEED_ENV, validate_seed
+from detctx._environment import EnvSwitch, EnvSwitchOptions, env_switches
+from detctx._switches import validate_switches
 from detctx.distributed._topology import warn_superpod
 
 __all__ = ["prepare_environment"]

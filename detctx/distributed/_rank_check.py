@@ -19,12 +19,10 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any, Final
 
-from detctx import _blocks as blocks
-from detctx._accelerators import AcceleratorSource
-from detctx._errors import RankDivergenceError, SeedAgreementError
-from detctx._seeds import derive_seed
-from detctx._snapshot import Snapshot, active_sources
-from detctx._sources import RNGSource
+from detctx._basics import RankDivergenceError, SeedAgreementError, derive_seed
+from detctx._blocks import stack as blocks
+from detctx._sources import AcceleratorSource, RNGSource
+from detctx._state import Snapshot, active_sources
 from detctx.distributed._agreement import DistributedSeeding, check_arguments
 from detctx.distributed._arrival import (
     DEFAULT_TIMEOUT_S,

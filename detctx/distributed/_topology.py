@@ -14,8 +14,8 @@ from typing import Any, Final
 
 import torch
 
-from detctx._accelerators import device_module
-from detctx._errors import DeterminismWarning
+from detctx._basics import DeterminismWarning
+from detctx._sources import device_module
 
 __all__ = [
     "SUPERPOD_ENV",

@@ -29,11 +29,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from detctx._accelerators import AcceleratorSource
-from detctx._decorators import Block, decorate, is_hypothesis_test
-from detctx._errors import MissingDependencyError
-from detctx._snapshot import active_sources
-from detctx._sources import RNGSource
+from detctx._basics import MissingDependencyError
+from detctx._blocks import Block, decorate, is_hypothesis_test
+from detctx._sources import AcceleratorSource, RNGSource
+from detctx._state import active_sources
 
 __all__ = ["examples_in", "register", "registered"]
 

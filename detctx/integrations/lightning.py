@@ -56,10 +56,16 @@ from typing import Any
 import torch
 from typing_extensions import Unpack
 
-from detctx._deterministic import deterministic
-from detctx._errors import CheckpointError, DeterminismWarning, MissingDependencyError
-from detctx._seeds import DEFAULT_SEED, resolve_seed, validate_seed
-from detctx._snapshot import Snapshot
+from detctx._basics import (
+    DEFAULT_SEED,
+    CheckpointError,
+    DeterminismWarning,
+    MissingDependencyError,
+    resolve_seed,
+    validate_seed,
+)
+from detctx._blocks import deterministic
+from detctx._state import Snapshot
 from detctx._switches import SwitchOptions
 
 # DeterministicCallback is provided by the module's __getattr__, built on first use.
@@ -218,7 +224,7 @@ class _DeterministicCallback:
         self._resumed = self._pending is not None
         try:
             # Set inside the run's block, which puts both back on exit (they are
-            # among the variables every block watches: detctx._environment.WATCHED).
+            # among the variables every block watches: detctx._environment.variables.WATCHED).
             os.environ["PL_GLOBAL_SEED"] = str(self.seed)
             os.environ["PL_SEED_WORKERS"] = "1"
             for loop in _eval_loops(trainer):

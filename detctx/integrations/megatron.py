@@ -40,10 +40,9 @@ from typing import Any, Final
 
 import torch
 
-from detctx._errors import MissingDependencyError
-from detctx._sources import register_source
-from detctx._state_checks import InvalidField
-from detctx.distributed._agreement import MegatronSeeds
+from detctx._basics import MissingDependencyError
+from detctx._sources import InvalidField, register_source
+from detctx.distributed import MegatronSeeds
 
 __all__ = [
     "DATA_PARALLEL",

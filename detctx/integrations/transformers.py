@@ -23,9 +23,9 @@ from typing import Any
 
 from typing_extensions import Unpack
 
-from detctx._deterministic import deterministic, open_blocks
-from detctx._errors import DeterminismWarning, MissingDependencyError
-from detctx._keyed_collate import KeyedCollate
+from detctx._basics import DeterminismWarning, MissingDependencyError
+from detctx._blocks import deterministic, open_blocks
+from detctx._data import KeyedCollate
 from detctx._switches import SwitchOptions
 
 __all__ = ["DeterministicCallback"]

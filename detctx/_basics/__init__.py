@@ -1,0 +1,58 @@
+"""The basics every layer uses: the exception classes, seeds (validation, the one seed-text
+parser, ``$DETCTX_SEED``, every derivation of one seed from another) and the one rule for
+"the same float". Nothing here imports torch or NumPy at import time.
+"""
+
+from __future__ import annotations
+
+from detctx._basics.equality import same_float
+from detctx._basics.errors import (
+    CheckpointError,
+    DetctxError,
+    DeterminismUnavailableError,
+    DeterminismWarning,
+    MetricsError,
+    MissingDependencyError,
+    NotReproducibleError,
+    OutOfOrderExitError,
+    RankDivergenceError,
+    SeedAgreementError,
+    SeedMismatchError,
+    TraceError,
+)
+from detctx._basics.seeds import (
+    DEFAULT_SEED,
+    MAX_SEED,
+    SEED_ENV,
+    as_integer,
+    derive_seed,
+    group_seed,
+    parse_seed,
+    resolve_seed,
+    validate_seed,
+)
+
+__all__ = [
+    "DEFAULT_SEED",
+    "MAX_SEED",
+    "SEED_ENV",
+    "CheckpointError",
+    "DetctxError",
+    "DeterminismUnavailableError",
+    "DeterminismWarning",
+    "MetricsError",
+    "MissingDependencyError",
+    "NotReproducibleError",
+    "OutOfOrderExitError",
+    "RankDivergenceError",
+    "SeedAgreementError",
+    "SeedMismatchError",
+    "TraceError",
+    "as_integer",
+    "derive_seed",
+    "group_seed",
+    "parse_seed",
+    "resolve_seed",
+    "same_float",
+    "validate_seed",
+]

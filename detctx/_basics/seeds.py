@@ -1,0 +1,170 @@
+"""Seeds: validation, the one parser for seed text, resolution and derivation."""
+
+from __future__ import annotations
+
+import hashlib
+import operator
+import os
+import sys
+from typing import Final
+
+__all__ = [
+    "DEFAULT_SEED",
+    "MAX_SEED",
+    "SEED_ENV",
+    "as_integer",
+    "derive_seed",
+    "fresh_seed",
+    "group_seed",
+    "parse_seed",
+    "resolve_seed",
+    "validate_seed",
+]
+
+DEFAULT_SEED: Final = 1234
+"""MindSpeed-LLM's default seed."""
+
+MAX_SEED: Final = 2**32 - 1
+"""The largest seed NumPy's legacy global generator accepts."""
+
+SEED_ENV: Final = "DETCTX_SEED"
+"""Environment variable read when ``seed=None``."""
+
+
+def as_integer(value: object) -> int | None:
+    """``value`` as an ``int`` when it is an integer, Python's or NumPy's (``np.int64(2)``);
+    else ``None``. A bool is not an integer here, NumPy's ``np.bool_`` neither."""
+    np = sys.modules.get("numpy")
+    if isinstance(value, bool) or (np is not None and isinstance(value, np.bool_)):
+        return None
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+
+
+def validate_seed(seed: object, what: str = "seed") -> int:
+    """Return ``seed`` as an ``int`` in ``[0, 2**32 - 1]``.
+
+    Python and NumPy integers are accepted. ``bool``, floats and strings raise
+    ``TypeError``; integers out of range raise ``ValueError``.
+    """
+    # NumPy is imported only where it is needed (0.1 s; `--detctx-seed` parses seeds before
+    # anything else is loaded): a NumPy bool can exist only once NumPy is imported.
+    np = sys.modules.get("numpy")
+    if isinstance(seed, bool) or (np is not None and isinstance(seed, np.bool_)):
+        raise TypeError(f"{what} must be an integer, not a bool ({seed!r})")
+    try:
+        value = operator.index(seed)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(
+            f"{what} must be an integer in [0, {MAX_SEED}], not {type(seed).__name__} ({seed!r})"
+        ) from None
+    if not 0 <= value <= MAX_SEED:
+        raise ValueError(
+            f"{what} must be in [0, {MAX_SEED}] (NumPy's legacy generator's range), got {value}"
+        )
+    return value
+
+
+def parse_seed(text: str, what: str = "seed") -> int:
+    """The seed written in ``text`` (an environment variable, a command-line option).
+
+    The one rule for seed text everywhere (``$DETCTX_SEED``, ``--detctx-seed``,
+    ``detctx run --seed``, and ``$RANK``-like variables): ASCII decimal digits
+    only, leading zeros allowed, surrounding spaces and tabs ignored, in
+    ``[0, 2**32 - 1]``. Anything else (``'abc'``, ``'-1'``, ``'0x2a'``,
+    ``'1_000'``, the Arabic-Indic ``'٣'``, an out-of-range number) raises the
+    same ``ValueError`` naming ``what``::
+
+        from detctx._basics.seeds import parse_seed
+        parse_seed("0042")            # 42
+        parse_seed("1_000", "--seed")  # ValueError: --seed='1_000' is not valid: ...
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"{what} must be text (a str), not {type(text).__name__} ({text!r})")
+    digits = text.strip(" \t\r\n")
+    # str.isdigit and int() accept any Unicode digit ('٣' is 3) and int() accepts
+    # '1_000', '+5' and ' 5 ': test for ASCII 0-9 ourselves. Leading zeros are
+    # dropped before the length check, so 10,000 zeros do not reach int().
+    significant = digits.lstrip("0")
+    if (
+        not digits
+        or not digits.isascii()
+        or not digits.isdigit()
+        or len(significant) > len(str(MAX_SEED))
+        or int(significant or "0") > MAX_SEED
+    ):
+        shown = repr(text) if len(text) <= 40 else f"{text[:32]!r}... ({len(text)} characters)"
+        raise ValueError(
+            f"{what}={shown} is not valid: expected an integer in [0, {MAX_SEED}] written "
+            f"in ASCII decimal digits (0-9)"
+        )
+    return int(significant or "0")
+
+
+def fresh_seed() -> int:
+    """A new seed drawn from OS entropy (never from a seeded RNG)."""
+    return int.from_bytes(os.urandom(4), "little")
+
+
+def resolve_seed(seed: int | None) -> int:
+    """The seed to use: ``seed`` itself, else ``$DETCTX_SEED``, else a fresh one.
+
+    ``seed`` must already have been validated.
+    """
+    if seed is not None:
+        return seed
+    from_env = os.environ.get(SEED_ENV)
+    if from_env is None or from_env.strip() == "":
+        return fresh_seed()
+    try:
+        return parse_seed(from_env, SEED_ENV)
+    except ValueError as exc:
+        raise ValueError(f"{exc}; set it to such a seed or unset it to draw a fresh one") from None
+
+
+def derive_seed(seed: int, *key: int) -> int:
+    """A seed for a sub-stream, derived from ``seed`` and a spawn key.
+
+    ``derive_seed(s, rank)`` gives each rank its own stream. Unlike
+    ``seed + rank`` (or Megatron's ``seed + 100 * pp_rank`` offsets) the
+    derivation hashes ``(seed, key)`` through NumPy's ``SeedSequence``, so
+    different ``(seed, key)`` pairs do not collide in practice, and the same
+    pair always gives the same seed on any machine.
+    """
+    import numpy as np
+
+    seed = validate_seed(seed)
+    spawn_key = tuple(validate_seed(k, "spawn key element") for k in key)
+    state = np.random.SeedSequence(seed, spawn_key=spawn_key).generate_state(1, np.uint32)
+    return int(state[0])
+
+
+def group_seed(seed: int, **coordinates: int) -> int:
+    """A seed for the stream of one position in a parallel layout.
+
+    ``group_seed(s, tp=tp_rank)`` gives every tensor-parallel rank its own
+    stream, shared by the data-parallel replicas of that rank;
+    ``group_seed(s, pp=pp_rank, tp=tp_rank, dp=dp_rank)`` one per rank. The
+    coordinates' names and values are hashed together with ``seed`` through
+    :func:`derive_seed`, in name order, so the result does not depend on
+    argument order, and, unlike Megatron's ``seed + 100 * pp_rank + 10 *
+    dp_rank`` offsets, different layouts and positions do not collide in
+    practice. Values are integers in ``[0, 2**32 - 1]``::
+
+        tp_seed = detctx.group_seed(1234, tp=tp_rank)
+    """
+    seed = validate_seed(seed)
+    if not coordinates:
+        raise TypeError("group_seed needs at least one coordinate, e.g. group_seed(seed, tp=0)")
+    key: list[int] = []
+    for name in sorted(coordinates):
+        key.append(_name_key(name))
+        key.append(validate_seed(coordinates[name], f"coordinate {name}"))
+    return derive_seed(seed, *key)
+
+
+def _name_key(name: str) -> int:
+    # A stable 32-bit code for a coordinate name (Python's hash() is salted per process).
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=4).digest(), "little")

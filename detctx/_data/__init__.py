@@ -1,0 +1,18 @@
+"""Data loading: loader generators and worker seeds, each worker's RNG streams carried in its
+state, ``resumable_loader`` / ``resume_state`` / ``resume``, and keyed collation.
+"""
+
+from __future__ import annotations
+
+from detctx._data.keyed_collate import KeyedCollate
+from detctx._data.loader import loader_generator, seed_worker
+from detctx._data.resuming import resumable_loader, resume, resume_state
+
+__all__ = [
+    "KeyedCollate",
+    "loader_generator",
+    "resumable_loader",
+    "resume",
+    "resume_state",
+    "seed_worker",
+]

@@ -1,0 +1,21 @@
+"""Process state as values and the one transaction that changes it: SIGINT held off across a
+change, the lock, capture, change, rollback; ``Snapshot`` (RNG states and switch values by
+name), its canonical bytes and its checkpoint form.
+"""
+
+from __future__ import annotations
+
+from detctx._state import interrupts, transaction
+from detctx._state.snapshot import Snapshot, active_sources, capture, fingerprint, restore
+from detctx._state.state_dict import PlainStateSource
+
+__all__ = [
+    "PlainStateSource",
+    "Snapshot",
+    "active_sources",
+    "capture",
+    "fingerprint",
+    "interrupts",
+    "restore",
+    "transaction",
+]
