@@ -27,11 +27,14 @@ from detctx._basics import derive_seed, parse_seed
 
 if TYPE_CHECKING:
     from detctx._blocks import Seeding, deterministic
+    from detctx._state import Snapshot
 
 __all__ = ["node_seed"]
 
 _MARKER = "deterministic"
 _PROPERTY = "detctx_seed"
+_IN_BLOCK = pytest.StashKey[bool]()
+_AFTER_SETUP = pytest.StashKey["Snapshot"]()
 
 
 def node_seed(session_seed: int, nodeid: str) -> int:
@@ -132,6 +135,7 @@ def _detctx_block(request: pytest.FixtureRequest) -> Iterator[Seeding | None]:
         return
     with block as seeding:
         item.user_properties.append((_PROPERTY, seeding.seed))
+        item.stash[_IN_BLOCK] = True
         # A @given test: each example also runs in its own entry of the block.
         from detctx.integrations.hypothesis import examples_in
 
@@ -140,7 +144,9 @@ def _detctx_block(request: pytest.FixtureRequest) -> Iterator[Seeding | None]:
 
 
 @pytest.fixture
-def detctx_seeding(_detctx_block: Seeding | None) -> Iterator[Seeding]:
+def detctx_seeding(
+    _detctx_block: Seeding | None, request: pytest.FixtureRequest
+) -> Iterator[Seeding]:
     """The :class:`~detctx.Seeding` the test runs under.
 
     That of the marker's (or ``--detctx-seed``'s) block; without either, the
@@ -152,6 +158,7 @@ def detctx_seeding(_detctx_block: Seeding | None) -> Iterator[Seeding]:
     from detctx._blocks import deterministic
 
     with deterministic() as seeding:
+        request.node.stash[_IN_BLOCK] = True
         yield seeding
 
 
@@ -159,6 +166,28 @@ def detctx_seeding(_detctx_block: Seeding | None) -> Iterator[Seeding]:
 def detctx_run(detctx_seeding: Seeding) -> Seeding:
     """The former name of :func:`detctx_seeding`, kept for existing tests."""
     return detctx_seeding
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Generator[None, Any, None]:
+    yield
+    if item.stash.get(_IN_BLOCK, False):
+        from detctx._state import capture
+
+        item.stash[_AFTER_SETUP] = capture()
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Generator[None, Any, None]:
+    # Plugins may reseed between the fixtures and the body: pytest-randomly seeds random
+    # and NumPy again in its pytest_runtest_call (`pytest -p randomly` on a marked test
+    # shows it). The body goes on with the streams the block's fixtures left, so they are
+    # put back here, after every pytest_runtest_call and right before the test function.
+    after_setup = pyfuncitem.stash.get(_AFTER_SETUP, None)
+    if after_setup is not None:
+        del pyfuncitem.stash[_AFTER_SETUP]
+        after_setup.restore()
+    yield
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -136,6 +136,36 @@ def test_the_marker_runs_the_test_and_its_fixtures_in_a_seeded_block(
     helpers.runpytest("-W", "error::pytest.PytestUnknownMarkWarning").assert_outcomes(passed=4)
 
 
+def test_a_marked_test_keeps_its_seeded_streams_under_pytest_randomly(
+    helpers: pytest.Pytester,
+) -> None:
+    # pytest-randomly seeds random and NumPy again right before every test body; the
+    # body of a marked test still goes on with the streams its seeded fixtures left.
+    pytest.importorskip("pytest_randomly")
+    helpers.makepyfile(
+        test_randomly="""
+        import random
+
+        import numpy as np
+        import pytest
+        import detctx
+
+        @pytest.fixture
+        def first():
+            return random.random(), float(np.random.rand())
+
+        @pytest.mark.deterministic(seed=11)
+        def test_fixture_and_body_share_one_seeded_stream(first):
+            body = random.random(), float(np.random.rand())
+            with detctx.deterministic(seed=11):
+                expected = [(random.random(), float(np.random.rand())) for _ in range(2)]
+            assert [first, body] == expected
+        """
+    )
+    for seed in ("1", "2"):
+        helpers.runpytest("-p", "randomly", f"--randomly-seed={seed}").assert_outcomes(passed=1)
+
+
 def test_an_in_process_run_leaves_one_copy_of_every_library_module(
     helpers: pytest.Pytester,
 ) -> None:
