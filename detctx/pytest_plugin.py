@@ -33,8 +33,8 @@ __all__ = ["node_seed"]
 
 _MARKER = "deterministic"
 _PROPERTY = "detctx_seed"
-_IN_BLOCK = pytest.StashKey[bool]()
-_AFTER_SETUP = pytest.StashKey["Snapshot"]()
+_IN_BLOCK: pytest.StashKey[bool] = pytest.StashKey()
+_AFTER_SETUP: pytest.StashKey[Snapshot] = pytest.StashKey()
 
 
 def node_seed(session_seed: int, nodeid: str) -> int:
