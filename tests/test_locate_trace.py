@@ -202,3 +202,34 @@ def test_run_locate_of_agreeing_runs_exits_0_and_keeps_the_users_sitecustomize(t
     assert "curves agree" in done.stdout
     assert "op traces: all 2 runs ran the same ops with the same bits." in done.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["site", "train.py"]
+
+
+def test_runs_whose_first_random_op_differs_are_told_they_started_from_other_rng_states(
+    tmp_path: Path,
+) -> None:
+    # An unseeded script, or a model built before the block: the ops before the first
+    # draw agree, the first draw (the weights' init) comes from another generator state.
+    plain = [record(i) for i in range(3)]
+    a = write(tmp_path / "a.trace", [*plain, record(3, rng=11), record(4)])
+    b = write(tmp_path / "b.trace", [*plain, record(3, rng=22), record(4)])
+
+    found = compare_traces(a, b, 2)
+
+    assert found is not None and found.reason == "rng" and found.first_draw
+    text = str(found)
+    assert "the first random op of the run, so the runs did not start from the same" in text
+    order = ("(1) nothing seeds the run", "(2) the model or the data", "(3) something read")
+    assert [text.index(cause) for cause in order] == sorted(text.index(c) for c in order)
+    assert "another thread" not in text
+
+
+def test_a_draw_that_differs_after_an_agreeing_one_points_at_a_draw_outside_the_recorded_ops(
+    tmp_path: Path,
+) -> None:
+    a = write(tmp_path / "a.trace", [record(0, rng=5), record(1), record(2, rng=11)])
+    b = write(tmp_path / "b.trace", [record(0, rng=5), record(1), record(2, rng=22)])
+
+    found = compare_traces(a, b, 2)
+
+    assert found is not None and found.reason == "rng" and not found.first_draw
+    assert "something drew from it outside the recorded ops" in str(found)
