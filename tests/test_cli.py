@@ -124,6 +124,7 @@ def test_compare_a_missing_log_is_one_line_on_stderr_and_exits_2(tmp_path):
     ]
 
 
+@pytest.mark.slow
 def test_doctor_prints_a_report_and_warns_about_hccl_and_hash_seeds():
     env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
     env.update(HCCL_DETERMINISTIC="1", HCCL_LOGIC_SUPERPOD_ID="pod0")
@@ -140,6 +141,7 @@ def test_doctor_prints_a_report_and_warns_about_hccl_and_hash_seeds():
     assert "hash randomisation is on" in warnings
 
 
+@pytest.mark.slow
 def test_demo_shows_bit_identical_curves_and_where_they_diverge_without_detctx(tmp_path):
     pytest.importorskip("matplotlib")
     picture = tmp_path / "demo.png"
@@ -155,6 +157,7 @@ def test_demo_shows_bit_identical_curves_and_where_they_diverge_without_detctx(t
     assert "s importing torch and detctx" in result.stdout
 
 
+@pytest.mark.slow
 def test_the_demo_counts_its_start_from_detctx_not_from_the_shell_that_started_it():
     # `bash -c "pip install ... && detctx demo"` execs the command in the shell's
     # process: the process's start time would count the install. Here the process

@@ -76,6 +76,7 @@ def test_kill_of_detctx_run_stops_the_command_and_exits_128_plus_the_signal(tmp_
     assert not alive(child)
 
 
+@pytest.mark.slow
 def test_a_command_that_ignores_sigterm_is_killed_after_a_short_wait(tmp_path):
     runner, child = start_detctx_run(tmp_path, "--ignore-term")
 

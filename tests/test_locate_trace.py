@@ -43,6 +43,7 @@ def test_records_come_back_as_written(tmp_path: Path):
     assert list(read_trace(write(tmp_path / "a.trace", written))) == written
 
 
+@pytest.mark.slow
 def test_a_long_run_never_holds_more_of_its_trace_than_the_buffer(tmp_path: Path):
     # The bound is structural (the buffer is flushed at BUFFER_BYTES), so 2 * 10^5 ops
     # show what holds for 10^6 without a slow test.
@@ -158,6 +159,7 @@ def detctx_run(
     )
 
 
+@pytest.mark.slow
 def test_run_locate_names_the_op_module_and_line_where_two_processes_part(tmp_path: Path):
     (tmp_path / "train.py").write_text(textwrap.dedent(LOCATED_SCRIPT))
 
@@ -178,6 +180,7 @@ def test_run_locate_names_the_op_module_and_line_where_two_processes_part(tmp_pa
     assert next(read_trace(tmp_path / "logs" / "run1.trace")).op.startswith("aten::")
 
 
+@pytest.mark.slow
 def test_run_locate_of_a_command_that_starts_no_python_says_so_and_exits_2(tmp_path: Path):
     done = detctx_run("--locate", "--", "sh", "-c", "echo loss: 1.0", cwd=tmp_path)
 
@@ -186,6 +189,7 @@ def test_run_locate_of_a_command_that_starts_no_python_says_so_and_exits_2(tmp_p
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_run_locate_of_agreeing_runs_exits_0_and_keeps_the_users_sitecustomize(tmp_path: Path):
     hidden = tmp_path / "site"
     hidden.mkdir()

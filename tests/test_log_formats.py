@@ -305,6 +305,7 @@ def test_two_real_lightning_fits_with_csv_logger_compare_equal_and_a_reseeded_on
     assert "first divergence at point 1 of 8 (logged as step 0, line 2 of" in out
 
 
+@pytest.mark.slow
 def test_a_real_trainers_state_file_and_printed_lines_show_where_evaluation_moved_training(
     tmp_path, capsys
 ):

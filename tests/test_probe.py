@@ -51,6 +51,7 @@ def process_state() -> tuple[object, ...]:
     )
 
 
+@pytest.mark.slow
 def test_on_cpu_every_op_of_the_catalogue_is_identical_both_ways_and_nothing_changes() -> None:
     torch.manual_seed(11)
     before = process_state()
@@ -99,6 +100,7 @@ def test_bad_probe_arguments_fail_before_anything_runs() -> None:
         run_probe(["cpu"], ops=[summing_in_a_random_order])  # type: ignore[list-item]
 
 
+@pytest.mark.slow
 def test_doctor_probe_prints_a_row_per_op_and_says_nothing_differs_on_cpu(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -112,6 +114,7 @@ def test_doctor_probe_prints_a_row_per_op_and_says_nothing_differs_on_cpu(
         assert line.split()[-4:-1] == ["yes", "yes", "no"], line
 
 
+@pytest.mark.slow
 def test_doctor_probe_json_is_the_report_as_data(capsys: pytest.CaptureFixture[str]) -> None:
     # The CPU alone: on a machine with CUDA the default also probes it, whose rows differ.
     assert main(["doctor", "--probe", "--json", "--device", "cpu"]) == 0
