@@ -28,6 +28,7 @@ are imported once per group.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -204,6 +205,7 @@ def _pytest(group: list[Example], folder: Path) -> None:
     assert int(passed.group(1)) >= len(group), proc.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("group", sorted(GROUPS))
 def test_every_example_runs_as_written_and_what_it_prints_repeats(
     group: str, tmp_path: Path
@@ -242,8 +244,35 @@ def test_the_examples_are_found_and_hardly_any_is_skipped() -> None:
         if example.needs and example.needs.startswith("your "):
             named = re.findall(r"tests/\w+\.py", example.needs)
             assert named and all((ROOT / path).is_file() for path in named), example.name
+    # The README opens with a complete script (no preamble) that reproduces as written.
     quickstart = next(e for e in EXAMPLES if e.page == "README.md")
-    assert quickstart.words == {"fragment", "reproduces"} and quickstart.kind == "repeated"
+    assert quickstart.words == {"reproduces"} and quickstart.kind == "repeated"
+
+
+def test_the_preamble_seeds_nothing_so_a_reproducing_example_must_seed_itself() -> None:
+    calls = {
+        node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+        for node in ast.walk(ast.parse(PREAMBLE.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Call)
+    }
+    seeding = {"deterministic", "seed_all", "manual_seed", "seed", "manual_seed_all"}
+    assert calls & seeding == set()
+
+
+@pytest.mark.slow
+def test_a_fragment_that_trains_a_model_built_before_its_block_does_not_reproduce(
+    tmp_path: Path,
+) -> None:
+    # What the headline once read: the model and loader come from the preamble, built
+    # before the block as a user would, so two processes train from other weights.
+    code = "with detctx.deterministic(seed=1234):\n    train(model, loader)\n"
+    example = Example("headline", 1, code, frozenset({"fragment", "reproduces"}), None)
+
+    first = _run([example], tmp_path / "first")[example.name]
+    second = _run([example], tmp_path / "second")[example.name]
+
+    assert first["error"] is None and "step 1 loss" in str(first["stdout"])
+    assert first["stdout"] != second["stdout"]
 
 
 def test_a_page_gives_its_python_fences_with_the_marker_before_each(tmp_path: Path) -> None:
