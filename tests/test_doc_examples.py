@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import tomllib
 import torch
 from conftest import ROOT, TESTS
 
@@ -305,3 +306,26 @@ def test_every_file_the_docs_name_exists() -> None:
     }
     assert named, "the docs name no source file at all: is the pattern still right?"
     assert {(page, path) for page, path in named if not (ROOT / path).exists()} == set()
+
+
+def test_the_readmes_compatibility_agrees_with_pyproject_and_ci() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    compatibility = readme.split("## Compatibility", 1)[1].split("\n## ", 1)[0]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+
+    python = project["project"]["requires-python"].removeprefix(">=")
+    assert f"Python >= {python}," in compatibility
+    for requirement in project["project"]["dependencies"]:
+        name, _, floor = requirement.partition(">=")
+        if name in ("numpy", "torch"):
+            assert f"{'NumPy' if name == 'numpy' else name} >= {floor}" in compatibility
+    # every torch the table lists is one CI installs, and the reverse
+    listed = set(re.findall(r"^\| (\d+\.\d+\.\d+)", compatibility, re.MULTILINE))
+    installed = set(re.findall(r"torch==(\d+\.\d+\.\d+)", ci))
+    installed |= set(re.findall(r"^core_suite (\d+\.\d+\.\d+)", ci, re.MULTILINE))
+    assert listed == installed
+    assert "python -m pytest -n auto" in ci and "python -m pytest -n auto" in readme
+    markers = project["tool"]["pytest"]["ini_options"]["markers"]
+    assert any(marker.startswith("slow:") for marker in markers)
+    assert 'python -m pytest -m "not slow" -n 2' in readme
