@@ -237,3 +237,30 @@ def test_a_draw_that_differs_after_an_agreeing_one_points_at_a_draw_outside_the_
 
     assert found is not None and found.reason == "rng" and not found.first_draw
     assert "something drew from it outside the recorded ops" in str(found)
+
+
+@pytest.mark.slow
+def test_run_locate_on_a_script_that_builds_its_model_before_the_block_gives_the_likely_causes(
+    tmp_path: Path,
+):
+    (tmp_path / "train.py").write_text(
+        textwrap.dedent(
+            """\
+            import torch
+            import detctx
+
+            model = torch.nn.Linear(4, 1)          # built before the block: other weights
+            with detctx.deterministic(seed=1234):
+                print("step 0 loss:", repr(model(torch.ones(1, 4)).sum().item()))
+            """
+        )
+    )
+
+    done = detctx_run("--locate", "--", sys.executable, "train.py", cwd=tmp_path)
+
+    assert done.returncode == 1, done.stderr
+    assert "first divergence at point 1 of 1" in done.stdout
+    assert "1. nothing seeds the run" in done.stdout  # the curves' verdict
+    assert "aten::uniform_ at top level (train.py:4)" in done.stdout
+    assert "the first random op of the run, so the runs did not start from the same" in done.stdout
+    assert "another thread" not in done.stdout
