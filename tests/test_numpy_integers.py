@@ -8,6 +8,8 @@ import logging
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import detctx
 
@@ -82,3 +84,21 @@ def test_a_tensor_or_array_seed_is_refused_before_anything_changes(seed: object)
 def test_a_tensor_npu_level_is_refused_like_any_other_non_integer() -> None:
     with pytest.raises(TypeError, match="npu_level must be None, 1, 2 or 3"):
         detctx.deterministic(seed=1, npu_level=torch.tensor(2))  # type: ignore[arg-type]
+
+
+@given(
+    value=st.integers(0, 2**31 - 1),
+    dtype=st.sampled_from([torch.int64, torch.int32, torch.uint8, torch.bool]),
+    shape=st.sampled_from([(), (1,), (1, 1)]),
+)
+@settings(max_examples=40, deadline=None)
+def test_no_tensor_is_taken_for_a_seed_whatever_it_holds(
+    value: int, dtype: torch.dtype, shape: tuple[int, ...]
+) -> None:
+    seed = torch.full(shape, value).to(dtype)
+    before = detctx.fingerprint()
+
+    with pytest.raises(TypeError, match=r"not a torch\.Tensor"):
+        detctx.seed_all(seed)  # type: ignore[arg-type]
+
+    assert detctx.fingerprint() == before
