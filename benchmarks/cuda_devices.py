@@ -30,7 +30,7 @@ def child(initialised: bool, quick: bool) -> dict[str, Any]:
 
     count = torch.cuda.device_count()
     if initialised:
-        # As the README advises: determinism and the cuBLAS workspace before CUDA wakes.
+        # As docs/usage.md advises: determinism and the cuBLAS workspace before CUDA wakes.
         os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
         torch.use_deterministic_algorithms(True)
         for index in range(count):

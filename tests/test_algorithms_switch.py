@@ -28,6 +28,7 @@ needs_fill_switch = pytest.mark.skipif(
 )
 
 
+@pytest.mark.slow
 @needs_fill_switch
 def test_a_first_block_in_a_fresh_process_does_not_import_inductor() -> None:
     out = run_python(
@@ -61,6 +62,7 @@ def test_a_first_block_in_a_fresh_process_does_not_import_inductor() -> None:
     assert seen["after"] == [False, False, None, False]
 
 
+@pytest.mark.slow
 @needs_inductor_setting
 def test_torch_compile_inside_a_block_compiles_deterministically_and_not_after() -> None:
     out = run_python(

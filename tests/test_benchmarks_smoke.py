@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 SINGLE_PROCESS = ("block", "seed_all", "steps", "snapshot", "numpy_floor", "locate")
 START_UP = ("first_block", "pytest_startup")
@@ -37,6 +39,7 @@ def quick_run(tmp_path: Path, scenarios: tuple[str, ...]) -> tuple[dict[str, Any
     return json.loads(rows.read_text()), table.read_text()
 
 
+@pytest.mark.slow
 def test_quick_run_of_the_single_process_scenarios_writes_every_row(tmp_path: Path) -> None:
     data, text = quick_run(tmp_path, SINGLE_PROCESS)
     assert set(data["scenarios"]) == set(SINGLE_PROCESS)
@@ -62,6 +65,7 @@ def test_quick_run_of_the_single_process_scenarios_writes_every_row(tmp_path: Pa
     assert "recorded demo training step" in text and "recorded model step alone" in text
 
 
+@pytest.mark.slow
 def test_the_start_up_scenarios_compare_against_torch_and_pytest_without_the_plugin(
     tmp_path: Path,
 ) -> None:

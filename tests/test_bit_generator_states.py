@@ -74,6 +74,7 @@ def test_numpy_alone_crashes_on_a_philox_buffer_position_of_minus_10_to_the_8() 
     assert child.returncode == -signal.SIGSEGV or refused_by_numpy, child
 
 
+@pytest.mark.slow
 def test_a_checkpoint_with_that_position_is_refused_and_the_generator_draws_on() -> None:
     output = run_python(
         """

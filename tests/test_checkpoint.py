@@ -218,6 +218,7 @@ def test_a_truncated_python_state_is_reported_as_malformed():
         detctx.RNGState.from_state_dict(state_dict)
 
 
+@pytest.mark.slow
 def test_accelerator_states_round_trip_initialised_or_not():
     output = run_python(
         """
@@ -312,6 +313,7 @@ else:
 """
 
 
+@pytest.mark.slow
 def test_training_resumed_from_a_checkpoint_in_a_fresh_process_matches_a_straight_run(
     tmp_path,
 ):

@@ -126,6 +126,7 @@ def test_any_key_word_out_of_32_bits_is_refused(source: str, index: int, value: 
     assert detctx.fingerprint() == before
 
 
+@pytest.mark.slow
 def test_a_numpy_position_of_2_31_reaches_neither_the_fast_path_nor_set_state() -> None:
     # Before the check, the first draw after this restore killed the interpreter
     # with SIGSEGV: run it in a child so that a regression fails one test only.
@@ -233,6 +234,7 @@ def test_a_restore_that_fails_half_way_puts_every_source_back_first() -> None:
         detctx.unregister_source("flaky")
 
 
+@pytest.mark.slow
 def test_accelerator_states_of_the_wrong_size_and_pending_seeds_of_2_70_are_refused() -> None:
     output = run_python(
         """

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
-from test_cli import detctx_command, megatron_log
+from test_cli import megatron_log
 
 from detctx import __version__
 from detctx import _cli as cli
@@ -76,6 +76,7 @@ def test_kill_of_detctx_run_stops_the_command_and_exits_128_plus_the_signal(tmp_
     assert not alive(child)
 
 
+@pytest.mark.slow
 def test_a_command_that_ignores_sigterm_is_killed_after_a_short_wait(tmp_path):
     runner, child = start_detctx_run(tmp_path, "--ignore-term")
 
@@ -142,8 +143,8 @@ def test_a_failed_runs_huge_last_line_is_cut_short_in_the_message(capsys):
     ("target", "message"),
     [
         ("missing-folder/curves.png", "does not exist; create it first"),
-        ("curves.txt", "names no image format"),
-        ("curves", "it has no suffix"),
+        ("curves.txt", "matplotlib writes no '.txt' images; end the name with .png, .svg or .pdf"),
+        ("curves", "the name has no suffix, and the suffix says which image format to write"),
         (".", "is a folder"),
     ],
 )
@@ -211,11 +212,13 @@ def test_one_metric_value_is_one_value(tmp_path, capsys):
     assert "on all 1 metric value (" in capsys.readouterr().out
 
 
-def test_detctx_version_prints_the_version():
-    result = detctx_command("--version")
+@pytest.mark.parametrize("option", ["--version", "-V"])
+def test_detctx_version_prints_the_version(option, capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli.main([option])
 
-    assert result.returncode == 0
-    assert result.stdout.strip() == f"detctx {__version__}"
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.strip() == f"detctx {__version__}"
 
 
 def test_run_with_one_run_prints_runs_usage_not_the_top_level_one(capsys):
@@ -239,7 +242,7 @@ def test_the_demo_accepts_a_plot_and_checks_it_first(tmp_path, capsys):
     status = cli.main(["demo", "--plot", str(tmp_path / "demo.txt")])
 
     assert status == 2
-    assert "names no image format" in capsys.readouterr().err
+    assert "matplotlib writes no '.txt' images" in capsys.readouterr().err
 
 
 @given(

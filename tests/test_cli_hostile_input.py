@@ -150,6 +150,7 @@ def test_a_link_planted_as_a_run_log_is_refused_before_anything_runs(
     assert not ran.exists()
 
 
+@pytest.mark.slow
 def test_with_locate_planted_links_are_neither_followed_nor_removed(tmp_path: Path) -> None:
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -205,6 +206,7 @@ def _in_a_child(code: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("locate", [False, True], ids=["run", "run --locate"])
 def test_detctx_run_has_not_imported_torch_when_each_run_starts(locate: bool) -> None:
     done = _in_a_child(
@@ -260,6 +262,7 @@ def test_a_ctrl_c_swallowed_during_start_up_still_stops_detctx_run(tmp_path: Pat
     assert not ran.exists()
 
 
+@pytest.mark.slow
 def test_a_signal_ignored_when_detctx_run_starts_stays_ignored(tmp_path: Path) -> None:
     # `nohup detctx run ...` ignores SIGHUP: a hangup must not stop the runs (it did, since
     # detctx run put its own handler in place of the ignored one and forwarded the signal).

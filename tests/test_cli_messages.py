@@ -12,6 +12,7 @@ from detctx import _cli as cli
 from detctx._cli.curves import Curve, Point, compare, printed_digits, significant_digits
 from detctx._cli.plotting import title
 from detctx._cli.run import Progress
+from detctx._cli.verdict import describe
 
 LIGHTNING_OUTPUT = """\
 print("GPU available: False, used: False")
@@ -134,3 +135,49 @@ def test_the_command_help_names_every_argument_as_the_usage_does(capsys):
     with pytest.raises(SystemExit):
         cli.main(["compare", "-h"])
     assert "trainer_state.json, or a folder" in capsys.readouterr().out
+
+
+def test_with_three_runs_the_verdict_names_the_run_that_parted_and_the_one_that_agrees():
+    runs = [curve("run 1", [0.9, 0.8, 0.7]), curve("run 2", [0.9, 0.8, 0.7])]
+    runs.append(curve("run 3", [0.9, 0.8, 0.75]))
+
+    text = describe(compare(runs))
+
+    # points count from 1; the step is the log's own label, said to be one
+    assert (
+        "first divergence at point 3 of 3 (logged as step 3, line 3 of run 1): "
+        "run 3 parts from run 1 there (run 2 still agrees)" in text
+    )
+
+
+def test_runs_that_differ_from_the_first_point_come_with_the_likely_causes_in_order(
+    tmp_path, capsys
+):
+    (tmp_path / "a.log").write_text("step 0 loss: 0.8154\nstep 1 loss: 0.7\n")
+    (tmp_path / "b.log").write_text("step 0 loss: 0.7421\nstep 1 loss: 0.6\n")
+
+    assert cli.main(["compare", str(tmp_path / "a.log"), str(tmp_path / "b.log")]) == 1
+
+    out = capsys.readouterr().out
+    assert "differ from the first point on, so they did not start from the same state" in out
+    order = ("1. nothing seeds", "2. the model or the data", "3. something read entropy")
+    causes = [out.index(cause) for cause in order]
+    assert causes == sorted(causes)
+
+
+def test_runs_that_part_later_get_no_advice_about_seeding(tmp_path, capsys):
+    (tmp_path / "a.log").write_text("loss: 0.8\nloss: 0.7\n")
+    (tmp_path / "b.log").write_text("loss: 0.8\nloss: 0.6\n")
+
+    assert cli.main(["compare", str(tmp_path / "a.log"), str(tmp_path / "b.log")]) == 1
+    assert "nothing seeds" not in capsys.readouterr().out
+
+
+def test_an_unseeded_script_run_twice_is_told_it_does_not_seed(capsys):
+    script = "import random; print('loss:', random.random())"
+
+    assert cli.main(["run", "--", sys.executable, "-c", script]) == 1
+
+    out = capsys.readouterr().out
+    assert "first divergence at point 1 of 1" in out
+    assert "1. nothing seeds the run" in out

@@ -252,7 +252,24 @@ def test_each_switch_can_be_opted_out() -> None:
     ) as run:
         assert not torch.are_deterministic_algorithms_enabled()
         assert not any(name in os.environ for name in ("PYTHONHASHSEED", "HCCL_DETERMINISTIC"))
-    assert run.switches == ()
+    assert run.switches == (
+        "algorithms=off",
+        "cudnn=off",
+        "hash_seed=off",
+        "cublas_workspace=off",
+        "hccl=off",
+        "matmul_k_shift=off",
+        "flash_attention=off",
+    )
+
+
+def test_a_switch_turned_off_is_named_off_in_the_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="detctx"):
+        with detctx.deterministic(seed=3, algorithms=False):
+            pass
+
+    (line,) = [r.getMessage() for r in caplog.records if "computing is applied" in r.getMessage()]
+    assert "switches: algorithms=off, cudnn.deterministic=True" in line
 
 
 def test_user_values_are_overwritten_and_restored() -> None:
@@ -535,5 +552,6 @@ def test_open_blocks_lists_what_each_open_block_applied_outermost_first() -> Non
         inside = detctx.open_blocks()
     assert [seeding.seed for seeding in inside[len(outside) :]] == [5, 6]
     assert "algorithms=on" in inside[-1].switches
-    assert not any("cudnn" in switch for switch in inside[-1].switches)
+    assert "cudnn=off" in inside[-1].switches
+    assert not any(switch.startswith("cudnn.") for switch in inside[-1].switches)
     assert detctx.open_blocks() == outside

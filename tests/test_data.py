@@ -87,6 +87,7 @@ def test_each_rank_gets_its_own_worker_seeds_even_where_its_workers_cannot_see_t
     assert epoch() == rank_1
 
 
+@pytest.mark.slow
 def test_under_torch_multiprocessing_spawn_every_rank_and_worker_draws_its_own_numbers(
     tmp_path: Path,
 ) -> None:

@@ -72,6 +72,7 @@ def by_rank(results: list[dict[str, Any]], *path: str) -> list[Any]:
 # --- multi-process scenarios ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_seed_none_every_rank_uses_the_source_ranks_seed(ranks: list[dict[str, Any]]) -> None:
     world = len(ranks)
     # Each rank was launched with DETCTX_SEED=1000+rank: only the source rank's is read.
@@ -371,6 +372,7 @@ def test_nccl_without_cuda_says_which_devices_are_missing() -> None:
         collective_device("nccl")
 
 
+@pytest.mark.slow
 def test_hccl_collectives_use_the_current_npu() -> None:
     out = run_python(
         """
@@ -395,7 +397,7 @@ def test_agree_seed_refuses_a_bad_timeout_before_any_collective(timeout: Any, er
         detctx.agree_seed(5, timeout=timeout)
 
 
-@pytest.mark.parametrize("page", ["README.md", "docs/distributed.md"])
+@pytest.mark.parametrize("page", ["docs/frameworks.md", "docs/distributed.md"])
 def test_the_docs_call_verify_across_ranks_inside_a_block_where_it_holds(page: str) -> None:
     # After the blocks each rank has put back its own pre-block state: a correct run
     # could fail the check there. Every example call must sit inside a block.

@@ -28,6 +28,7 @@ are imported once per group.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -38,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import tomllib
 import torch
 from conftest import ROOT, TESTS
 
@@ -204,6 +206,7 @@ def _pytest(group: list[Example], folder: Path) -> None:
     assert int(passed.group(1)) >= len(group), proc.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("group", sorted(GROUPS))
 def test_every_example_runs_as_written_and_what_it_prints_repeats(
     group: str, tmp_path: Path
@@ -242,8 +245,35 @@ def test_the_examples_are_found_and_hardly_any_is_skipped() -> None:
         if example.needs and example.needs.startswith("your "):
             named = re.findall(r"tests/\w+\.py", example.needs)
             assert named and all((ROOT / path).is_file() for path in named), example.name
+    # The README opens with a complete script (no preamble) that reproduces as written.
     quickstart = next(e for e in EXAMPLES if e.page == "README.md")
-    assert quickstart.words == {"fragment", "reproduces"} and quickstart.kind == "repeated"
+    assert quickstart.words == {"reproduces"} and quickstart.kind == "repeated"
+
+
+def test_the_preamble_seeds_nothing_so_a_reproducing_example_must_seed_itself() -> None:
+    calls = {
+        node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+        for node in ast.walk(ast.parse(PREAMBLE.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Call)
+    }
+    seeding = {"deterministic", "seed_all", "manual_seed", "seed", "manual_seed_all"}
+    assert calls & seeding == set()
+
+
+@pytest.mark.slow
+def test_a_fragment_that_trains_a_model_built_before_its_block_does_not_reproduce(
+    tmp_path: Path,
+) -> None:
+    # What the headline once read: the model and loader come from the preamble, built
+    # before the block as a user would, so two processes train from other weights.
+    code = "with detctx.deterministic(seed=1234):\n    train(model, loader)\n"
+    example = Example("headline", 1, code, frozenset({"fragment", "reproduces"}), None)
+
+    first = _run([example], tmp_path / "first")[example.name]
+    second = _run([example], tmp_path / "second")[example.name]
+
+    assert first["error"] is None and "step 1 loss" in str(first["stdout"])
+    assert first["stdout"] != second["stdout"]
 
 
 def test_a_page_gives_its_python_fences_with_the_marker_before_each(tmp_path: Path) -> None:
@@ -276,3 +306,26 @@ def test_every_file_the_docs_name_exists() -> None:
     }
     assert named, "the docs name no source file at all: is the pattern still right?"
     assert {(page, path) for page, path in named if not (ROOT / path).exists()} == set()
+
+
+def test_the_readmes_compatibility_agrees_with_pyproject_and_ci() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    compatibility = readme.split("## Compatibility", 1)[1].split("\n## ", 1)[0]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+
+    python = project["project"]["requires-python"].removeprefix(">=")
+    assert f"Python >= {python}," in compatibility
+    for requirement in project["project"]["dependencies"]:
+        name, _, floor = requirement.partition(">=")
+        if name in ("numpy", "torch"):
+            assert f"{'NumPy' if name == 'numpy' else name} >= {floor}" in compatibility
+    # every torch the table lists is one CI installs, and the reverse
+    listed = set(re.findall(r"^\| (\d+\.\d+\.\d+)", compatibility, re.MULTILINE))
+    installed = set(re.findall(r"torch==(\d+\.\d+\.\d+)", ci))
+    installed |= set(re.findall(r"^core_suite (\d+\.\d+\.\d+)", ci, re.MULTILINE))
+    assert listed == installed
+    assert "python -m pytest -n auto" in ci and "python -m pytest -n auto" in readme
+    markers = project["tool"]["pytest"]["ini_options"]["markers"]
+    assert any(marker.startswith("slow:") for marker in markers)
+    assert 'python -m pytest -m "not slow" -n 2' in readme

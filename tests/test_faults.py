@@ -67,6 +67,7 @@ def test_a_restore_with_one_source_that_fails_changes_nothing(restore: str) -> N
         detctx.unregister_source("one-way")
 
 
+@pytest.mark.slow
 def test_a_child_forked_while_another_thread_is_inside_a_block_can_enter_blocks() -> None:
     output = run_python(
         """
@@ -105,6 +106,7 @@ def test_a_child_forked_while_another_thread_is_inside_a_block_can_enter_blocks(
     assert "child exit 0" in output
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("holder", ["nested blocks", "a generator step"])
 def test_a_child_forked_while_another_thread_is_inside_a_block_gets_the_state_from_before_it(
     holder: str,
@@ -158,6 +160,7 @@ def test_a_child_forked_while_another_thread_is_inside_a_block_gets_the_state_fr
     assert "parent whole True" in output
 
 
+@pytest.mark.slow
 def test_a_child_forked_inside_a_block_still_exits_that_block() -> None:
     output = run_python(
         """

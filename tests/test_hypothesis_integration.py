@@ -83,6 +83,7 @@ def test_any_state_before_a_decorated_given_test_is_the_state_after(
     assert detctx.fingerprint() == before
 
 
+@pytest.mark.slow
 def test_register_has_hypothesis_reseed_torch_before_every_example() -> None:
     assert "torch" in register()
     assert register() == registered()
@@ -103,6 +104,7 @@ def test_register_has_hypothesis_reseed_torch_before_every_example() -> None:
     assert detctx.fingerprint() == before
 
 
+@pytest.mark.slow
 def test_the_marker_on_a_given_test_starts_every_example_from_the_seed(
     pytester: pytest.Pytester,
 ) -> None:
@@ -152,6 +154,7 @@ def test_draws_from_torch(x):
 """
 
 
+@pytest.mark.slow
 def test_under_detctx_seed_a_failing_given_test_that_draws_from_torch_shrinks_and_replays(
     pytester: pytest.Pytester,
 ) -> None:
@@ -164,6 +167,7 @@ def test_under_detctx_seed_a_failing_given_test_that_draws_from_torch_shrinks_an
     assert re.findall(r"^E\s+(x=\d+),?$", output, re.MULTILINE) == ["x=10"]
 
 
+@pytest.mark.slow
 def test_register_in_a_conftest_makes_a_plain_run_shrink_to_the_same_example(
     pytester: pytest.Pytester,
 ) -> None:

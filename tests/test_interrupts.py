@@ -35,6 +35,7 @@ def hammer(script: str, count: int) -> tuple[dict[str, Any], str]:
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
 
 
+@pytest.mark.slow
 def test_randomly_timed_sigints_in_every_kind_of_block_and_step_corrupt_nothing() -> None:
     signals = int(os.environ.get("DETCTX_HAMMER_SIGNALS", "150"))
     report, errors = hammer("hammer_interrupts.py", signals)
@@ -47,6 +48,7 @@ def test_randomly_timed_sigints_in_every_kind_of_block_and_step_corrupt_nothing(
     assert errors == ""
 
 
+@pytest.mark.slow
 def test_thousands_of_blocks_and_generator_steps_leave_no_memory_behind() -> None:
     count = int(os.environ.get("DETCTX_HAMMER_BLOCKS", "500"))
     report, _ = hammer("hammer_memory.py", count)

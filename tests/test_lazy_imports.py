@@ -37,6 +37,7 @@ def test_import_detctx_imports_neither_torch_nor_numpy() -> None:
     assert json.loads(out.strip().splitlines()[-1]) == {"heavy": [], "version": "0.1.0"}
 
 
+@pytest.mark.slow
 def test_from_detctx_import_works_in_a_fresh_process() -> None:
     out = run_python(
         """

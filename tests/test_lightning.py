@@ -55,6 +55,7 @@ def run_fit_script(out: Path, *args: str) -> dict[str, Any]:
     return result
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
 def test_the_training_curve_is_the_same_whether_validation_runs_every_epoch_every_2_steps_or_never(
     workers: int,
@@ -108,6 +109,7 @@ def test_a_fit_under_the_callback_equals_seed_everything_and_a_deterministic_tra
     assert weights(model) == weights(reference_model)
 
 
+@pytest.mark.slow
 def test_with_ddp_spawn_on_2_processes_the_callback_equals_seed_everything(tmp_path: Path) -> None:
     reference, ours = tmp_path / "reference", tmp_path / "ours"
     reference.mkdir()
@@ -125,6 +127,7 @@ def test_with_ddp_spawn_on_2_processes_the_callback_equals_seed_everything(tmp_p
         assert curve == json.loads((reference / f"losses-{rank}.json").read_text())
 
 
+@pytest.mark.slow
 def test_a_run_resumed_in_a_fresh_process_from_an_epoch_checkpoint_continues_bit_for_bit(
     tmp_path: Path,
 ) -> None:

@@ -64,6 +64,7 @@ def every_seed(by_rank: dict[str, dict[str, str]]) -> list[str]:
     return [seed for workers in by_rank.values() for seed in workers.values()]
 
 
+@pytest.mark.slow
 def test_under_ddp_spawn_each_ranks_workers_get_the_seeds_of_seed_everything_workers_true(
     tmp_path: Path,
 ) -> None:
@@ -76,6 +77,7 @@ def test_under_ddp_spawn_each_ranks_workers_get_the_seeds_of_seed_everything_wor
     assert len(set(every_seed(got))) == 4
 
 
+@pytest.mark.slow
 def test_under_ddp_spawn_a_detctx_loader_gives_each_rank_and_worker_its_own_seeds(
     tmp_path: Path,
 ) -> None:
@@ -185,6 +187,7 @@ def fit_leaves_everything(device: str, state: str, outcome: str) -> str:
     return run_python(script, env=env, timeout=FIT_TIMEOUT_S).strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("state", "outcome"), [("cold", "fits"), ("warm", "fits"), ("cold", "raises")]
 )

@@ -43,6 +43,7 @@ def test_records_come_back_as_written(tmp_path: Path):
     assert list(read_trace(write(tmp_path / "a.trace", written))) == written
 
 
+@pytest.mark.slow
 def test_a_long_run_never_holds_more_of_its_trace_than_the_buffer(tmp_path: Path):
     # The bound is structural (the buffer is flushed at BUFFER_BYTES), so 2 * 10^5 ops
     # show what holds for 10^6 without a slow test.
@@ -158,6 +159,7 @@ def detctx_run(
     )
 
 
+@pytest.mark.slow
 def test_run_locate_names_the_op_module_and_line_where_two_processes_part(tmp_path: Path):
     (tmp_path / "train.py").write_text(textwrap.dedent(LOCATED_SCRIPT))
 
@@ -178,6 +180,7 @@ def test_run_locate_names_the_op_module_and_line_where_two_processes_part(tmp_pa
     assert next(read_trace(tmp_path / "logs" / "run1.trace")).op.startswith("aten::")
 
 
+@pytest.mark.slow
 def test_run_locate_of_a_command_that_starts_no_python_says_so_and_exits_2(tmp_path: Path):
     done = detctx_run("--locate", "--", "sh", "-c", "echo loss: 1.0", cwd=tmp_path)
 
@@ -186,6 +189,7 @@ def test_run_locate_of_a_command_that_starts_no_python_says_so_and_exits_2(tmp_p
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_run_locate_of_agreeing_runs_exits_0_and_keeps_the_users_sitecustomize(tmp_path: Path):
     hidden = tmp_path / "site"
     hidden.mkdir()
@@ -202,3 +206,61 @@ def test_run_locate_of_agreeing_runs_exits_0_and_keeps_the_users_sitecustomize(t
     assert "curves agree" in done.stdout
     assert "op traces: all 2 runs ran the same ops with the same bits." in done.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["site", "train.py"]
+
+
+def test_runs_whose_first_random_op_differs_are_told_they_started_from_other_rng_states(
+    tmp_path: Path,
+) -> None:
+    # An unseeded script, or a model built before the block: the ops before the first
+    # draw agree, the first draw (the weights' init) comes from another generator state.
+    plain = [record(i) for i in range(3)]
+    a = write(tmp_path / "a.trace", [*plain, record(3, rng=11), record(4)])
+    b = write(tmp_path / "b.trace", [*plain, record(3, rng=22), record(4)])
+
+    found = compare_traces(a, b, 2)
+
+    assert found is not None and found.reason == "rng" and found.first_draw
+    text = str(found)
+    assert "the first random op of the run, so the runs did not start from the same" in text
+    order = ("(1) nothing seeds the run", "(2) the model or the data", "(3) something read")
+    assert [text.index(cause) for cause in order] == sorted(text.index(c) for c in order)
+    assert "another thread" not in text
+
+
+def test_a_draw_that_differs_after_an_agreeing_one_points_at_a_draw_outside_the_recorded_ops(
+    tmp_path: Path,
+) -> None:
+    a = write(tmp_path / "a.trace", [record(0, rng=5), record(1), record(2, rng=11)])
+    b = write(tmp_path / "b.trace", [record(0, rng=5), record(1), record(2, rng=22)])
+
+    found = compare_traces(a, b, 2)
+
+    assert found is not None and found.reason == "rng" and not found.first_draw
+    assert "something drew from it outside the recorded ops" in str(found)
+
+
+@pytest.mark.slow
+def test_run_locate_on_a_script_that_builds_its_model_before_the_block_gives_the_likely_causes(
+    tmp_path: Path,
+):
+    (tmp_path / "train.py").write_text(
+        textwrap.dedent(
+            """\
+            import torch
+            import detctx
+
+            model = torch.nn.Linear(4, 1)          # built before the block: other weights
+            with detctx.deterministic(seed=1234):
+                print("step 0 loss:", repr(model(torch.ones(1, 4)).sum().item()))
+            """
+        )
+    )
+
+    done = detctx_run("--locate", "--", sys.executable, "train.py", cwd=tmp_path)
+
+    assert done.returncode == 1, done.stderr
+    assert "first divergence at point 1 of 1" in done.stdout
+    assert "1. nothing seeds the run" in done.stdout  # the curves' verdict
+    assert "aten::uniform_ at top level (train.py:4)" in done.stdout
+    assert "the first random op of the run, so the runs did not start from the same" in done.stdout
+    assert "another thread" not in done.stdout

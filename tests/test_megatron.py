@@ -46,6 +46,7 @@ def run_on_npu(code: str) -> str:
 # --- seeding the Megatron way ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_block_seeds_the_tracker_exactly_as_megatron_does_for_each_rank_layout() -> None:
     out = run_on_npu(
         """
@@ -104,6 +105,7 @@ def test_a_block_seeds_the_tracker_exactly_as_megatron_does_for_each_rank_layout
     ]
 
 
+@pytest.mark.slow
 def test_ranks_come_from_megatrons_parallel_state_once_it_is_initialised() -> None:
     out = run_on_npu(
         """
@@ -133,6 +135,7 @@ def test_ranks_come_from_megatrons_parallel_state_once_it_is_initialised() -> No
 # --- capture, restore, scoped evaluation ----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_capture_and_restore_bring_back_every_stream_fork_draws_from() -> None:
     out = run_on_npu(
         """
@@ -172,6 +175,7 @@ def test_capture_and_restore_bring_back_every_stream_fork_draws_from() -> None:
     assert out.strip() == "True"
 
 
+@pytest.mark.slow
 def test_an_eval_pass_in_its_own_block_leaves_the_training_numbers_unchanged() -> None:
     out = run_on_npu(
         """
@@ -205,6 +209,7 @@ def test_an_eval_pass_in_its_own_block_leaves_the_training_numbers_unchanged() -
     assert out.split() == ["True", "True"]
 
 
+@pytest.mark.slow
 def test_states_the_body_builds_stay_after_the_block() -> None:
     out = run_on_npu(
         """
@@ -220,6 +225,7 @@ def test_states_the_body_builds_stay_after_the_block() -> None:
     assert out.strip() == str(["data-parallel-rng", "expert-parallel-rng", "model-parallel-rng"])
 
 
+@pytest.mark.slow
 def test_a_block_inside_a_fork_leaves_the_forks_stream_as_if_it_never_ran() -> None:
     out = run_on_npu(
         """
@@ -246,6 +252,7 @@ def test_a_block_inside_a_fork_leaves_the_forks_stream_as_if_it_never_ran() -> N
     assert out.strip() == "True"
 
 
+@pytest.mark.slow
 def test_a_graph_safe_tracker_keeps_its_generator_objects() -> None:
     # A graph-safe tracker (use_cudagraphable_rng) holds generators, which CUDA graphs
     # refer to; CPU generators stand in for them here.
@@ -280,6 +287,7 @@ def test_a_graph_safe_tracker_keeps_its_generator_objects() -> None:
 # --- no tracker, no device ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_without_megatron_imported_the_source_holds_nothing_and_imports_nothing() -> None:
     out = run_python(
         """
@@ -296,6 +304,7 @@ def test_without_megatron_imported_the_source_holds_nothing_and_imports_nothing(
     assert out.strip() == "None []"
 
 
+@pytest.mark.slow
 def test_before_the_tracker_is_built_no_tracker_is_built_and_no_device_is_woken() -> None:
     out = run_on_npu(
         """
@@ -318,6 +327,7 @@ def test_before_the_tracker_is_built_no_tracker_is_built_and_no_device_is_woken(
 # --- checkpoints ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_tracker_states_round_trip_through_a_weights_only_checkpoint() -> None:
     out = run_on_npu(
         """
@@ -351,6 +361,7 @@ def test_tracker_states_round_trip_through_a_weights_only_checkpoint() -> None:
     ]
 
 
+@pytest.mark.slow
 def test_crafted_tracker_states_are_refused_with_nothing_changed() -> None:
     out = run_on_npu(
         """
@@ -407,6 +418,7 @@ def test_crafted_tracker_states_are_refused_with_nothing_changed() -> None:
     assert all(line.endswith("refused unchanged") for line in lines), out
 
 
+@pytest.mark.slow
 def test_a_checkpoint_with_tracker_states_needs_a_tracker_to_go_into() -> None:
     out = run_on_npu(
         """
@@ -549,6 +561,7 @@ def two_ranks() -> list[dict[str, Any]]:
     return launch_ranks(WORKER, 2, timeout=240)
 
 
+@pytest.mark.slow
 def test_tensor_parallel_ranks_agree_on_everything_but_their_model_parallel_state(
     two_ranks: list[dict[str, Any]],
 ) -> None:

@@ -20,6 +20,7 @@ def run_python(code: str, **options: Any) -> str:
     return run_in_child(code, env={**HIDE_CUDA, **options.pop("env", {})}, **options)
 
 
+@pytest.mark.slow
 def test_two_simulated_npus_are_seeded_captured_and_restored() -> None:
     out = run_python(
         """
@@ -55,6 +56,7 @@ def test_two_simulated_npus_are_seeded_captured_and_restored() -> None:
     assert out.strip() == "ok"
 
 
+@pytest.mark.slow
 def test_capture_never_initialises_an_unused_npu() -> None:
     out = run_python(
         """
@@ -73,6 +75,7 @@ def test_capture_never_initialises_an_unused_npu() -> None:
     assert out.strip() == "ok"
 
 
+@pytest.mark.slow
 def test_an_npu_first_used_inside_the_block_is_seeded_then_reset_to_the_outer_seed() -> None:
     out = run_python(
         """
@@ -96,6 +99,7 @@ def test_an_npu_first_used_inside_the_block_is_seeded_then_reset_to_the_outer_se
     assert out.strip() == "ok"
 
 
+@pytest.mark.slow
 def test_blocks_on_an_unused_npu_leave_its_lazy_queue_as_it_was() -> None:
     out = run_python(
         """
@@ -133,6 +137,7 @@ def test_blocks_on_an_unused_npu_leave_its_lazy_queue_as_it_was() -> None:
     assert out.strip() == "ok"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "seed_tracker",
     [
@@ -177,6 +182,7 @@ def test_repeated_blocks_on_an_unused_npu_make_one_lazy_call_in_all(seed_tracker
     assert out.strip() == "ok"
 
 
+@pytest.mark.slow
 def test_the_npu_determinism_warning_names_the_once_per_thread_rule() -> None:
     out = run_python(
         """
@@ -198,6 +204,7 @@ def test_the_npu_determinism_warning_names_the_once_per_thread_rule() -> None:
     assert out.strip() == "ok"
 
 
+@pytest.mark.slow
 def test_no_npu_module_and_an_unavailable_npu_are_handled() -> None:
     out = run_python(
         """
@@ -218,6 +225,7 @@ def test_no_npu_module_and_an_unavailable_npu_are_handled() -> None:
     assert out.strip() == "ok"
 
 
+@pytest.mark.slow
 def test_a_broken_torch_npu_install_is_a_warning_not_a_crash(tmp_path) -> None:
     package = tmp_path / "torch_npu"
     package.mkdir()

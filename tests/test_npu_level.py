@@ -53,6 +53,7 @@ def test_the_default_level_follows_algorithms_and_is_not_logged() -> None:
     assert repr(detctx.deterministic(seed=1, npu_level=3)) == "deterministic(seed=1, npu_level=3)"
 
 
+@pytest.mark.slow
 def test_levels_are_set_inside_blocks_and_put_back_with_torchs_flag() -> None:
     out = run_python(
         """
@@ -113,6 +114,7 @@ def test_levels_are_set_inside_blocks_and_put_back_with_torchs_flag() -> None:
     assert out.strip() == "ok"
 
 
+@pytest.mark.slow
 def test_a_level_the_runtime_refuses_raises_and_leaves_everything_as_it_was() -> None:
     out = run_python(
         """
@@ -139,6 +141,7 @@ def test_a_level_the_runtime_refuses_raises_and_leaves_everything_as_it_was() ->
     assert out.strip() == "ok"
 
 
+@pytest.mark.slow
 def test_an_npu_whose_torch_npu_lacks_levels_warns_naming_the_version_needed() -> None:
     out = run_python(
         """
@@ -171,6 +174,7 @@ def test_an_npu_whose_torch_npu_lacks_levels_warns_naming_the_version_needed() -
     assert out.strip() == "ok"
 
 
+@pytest.mark.slow
 def test_any_nesting_of_levels_and_algorithm_settings_restores_the_users_state() -> None:
     out = run_python(
         """

@@ -12,6 +12,7 @@ import torch
 
 import detctx
 from detctx._cli import main
+from detctx._proving import probe as detctx_probe
 from detctx._proving.probe import PROBE_OPS, ProbeOp, run_probe
 
 
@@ -50,6 +51,7 @@ def process_state() -> tuple[object, ...]:
     )
 
 
+@pytest.mark.slow
 def test_on_cpu_every_op_of_the_catalogue_is_identical_both_ways_and_nothing_changes() -> None:
     torch.manual_seed(11)
     before = process_state()
@@ -98,18 +100,21 @@ def test_bad_probe_arguments_fail_before_anything_runs() -> None:
         run_probe(["cpu"], ops=[summing_in_a_random_order])  # type: ignore[list-item]
 
 
+@pytest.mark.slow
 def test_doctor_probe_prints_a_row_per_op_and_says_nothing_differs_on_cpu(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     assert main(["doctor", "--probe", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "identical off  identical on  raises when on  slowdown on" in out
+    assert "slowdown on: time on / time off, the median of 9 pairs timed back to back" in out
     assert "0 op(s) gave different bits from run to run, 0 raise" in out
     for op in PROBE_OPS[:-1]:
         line = next(line for line in out.splitlines() if line.startswith(op.name + " "))
         assert line.split()[-4:-1] == ["yes", "yes", "no"], line
 
 
+@pytest.mark.slow
 def test_doctor_probe_json_is_the_report_as_data(capsys: pytest.CaptureFixture[str]) -> None:
     # The CPU alone: on a machine with CUDA the default also probes it, whose rows differ.
     assert main(["doctor", "--probe", "--json", "--device", "cpu"]) == 0
@@ -144,3 +149,48 @@ def test_in_a_process_group_the_probe_adds_an_all_reduce(tmp_path: Path) -> None
         True,
         None,
     )
+
+
+class BusyMachine:
+    """A clock and an op on a shared machine, busy for a spell: every call in
+    ``busy`` (a range of call numbers) costs ten times as much. With determinism
+    on the op costs ``on_cost`` times as much."""
+
+    def __init__(self, busy: range, on_cost: float) -> None:
+        self.now = 0.0
+        self.calls = 0
+        self.on = False
+        self.busy = busy
+        self.on_cost = on_cost
+
+    def clock(self) -> float:
+        return self.now
+
+    def switch(self, on: bool) -> None:
+        self.on = on
+
+    def op(self) -> None:
+        cost = 1e-4 * (self.on_cost if self.on else 1.0)
+        self.now += cost * (10 if self.calls in self.busy else 1)
+        self.calls += 1
+
+
+@pytest.mark.parametrize("on_cost", [1.0, 2.0])
+def test_a_busy_spell_on_the_machine_does_not_swing_the_slowdown(on_cost: float) -> None:
+    # Batches of 50 calls; the spell covers the first two rounds. Timed all "off"
+    # then all "on", one side would be ten times slower; in pairs, two pairs are off.
+    machine = BusyMachine(busy=range(5, 170), on_cost=on_cost)
+
+    slowdown = detctx_probe.paired_slowdown(machine.op, machine.switch, clock=machine.clock)
+
+    assert slowdown == pytest.approx(on_cost)
+
+
+def test_a_fast_op_is_timed_in_batches_long_enough_for_the_clock() -> None:
+    machine = BusyMachine(busy=range(0), on_cost=1.0)
+
+    detctx_probe.paired_slowdown(machine.op, machine.switch, clock=machine.clock, rounds=1)
+
+    # one call to size the batch, then a batch off and a batch on of 5 ms each
+    batch = round(detctx_probe.SAMPLE_SECONDS / 1e-4)
+    assert machine.calls == 1 + 2 * batch

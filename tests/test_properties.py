@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Union
 
 import numpy as np
+import pytest
 import torch
 from helpers import mindspeed_seed
 from hypothesis import HealthCheck, given, settings
@@ -102,6 +103,7 @@ def flags_and_env() -> tuple:
     )
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(program=programs, start=seeds)
 def test_any_program_of_blocks_matches_the_reference(program: Program, start: int) -> None:

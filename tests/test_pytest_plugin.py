@@ -262,6 +262,7 @@ def test_marker_without_seed(detctx_seeding, request):
 """
 
 
+@pytest.mark.slow
 def test_detctx_seed_seeds_each_test_from_the_option_and_its_node_id(
     helpers: pytest.Pytester,
 ) -> None:
@@ -304,6 +305,7 @@ def test_the_seed_is_in_the_summary_even_under_quiet(helpers: pytest.Pytester) -
     )
 
 
+@pytest.mark.slow
 def test_a_failure_under_detctx_seed_replays_exactly(helpers: pytest.Pytester) -> None:
     helpers.makepyfile(
         test_flaky="""
@@ -342,6 +344,7 @@ def test_a_bad_detctx_seed_is_a_usage_error(pytester: pytest.Pytester, value: st
     result.stderr.fnmatch_lines(["*--detctx-seed*"])
 
 
+@pytest.mark.slow
 def test_hypothesis_tests_run_under_the_marker_and_the_option(helpers: pytest.Pytester) -> None:
     helpers.makepyfile(
         test_props="""
@@ -430,6 +433,7 @@ def pytest_in_a_fresh_process(folder: Path, *args: str) -> dict[str, Any]:
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
+@pytest.mark.slow
 def test_pytest_help_lists_the_option_without_importing_torch_or_numpy(tmp_path: Path) -> None:
     loaded = pytest_in_a_fresh_process(tmp_path, "--help")
     assert loaded["code"] == 0
@@ -437,6 +441,7 @@ def test_pytest_help_lists_the_option_without_importing_torch_or_numpy(tmp_path:
     assert loaded["heavy"] == []
 
 
+@pytest.mark.slow
 def test_a_project_without_torch_runs_its_tests_without_importing_torch(tmp_path: Path) -> None:
     (tmp_path / "test_plain.py").write_text("def test_sum():\n    assert sum([1, 2]) == 3\n")
     loaded = pytest_in_a_fresh_process(tmp_path, "-q")
@@ -445,6 +450,7 @@ def test_a_project_without_torch_runs_its_tests_without_importing_torch(tmp_path
     assert loaded["heavy"] == []
 
 
+@pytest.mark.slow
 def test_numpy_imported_at_start_up_by_another_plugin_is_not_counted_as_detctxs(
     tmp_path: Path,
 ) -> None:
@@ -455,6 +461,7 @@ def test_numpy_imported_at_start_up_by_another_plugin_is_not_counted_as_detctxs(
     assert loaded["heavy"] == []
 
 
+@pytest.mark.slow
 def test_the_first_test_that_uses_the_marker_loads_the_library(tmp_path: Path) -> None:
     (tmp_path / "test_marked.py").write_text(
         "import random, pytest\n\n"

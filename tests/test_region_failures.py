@@ -126,6 +126,7 @@ def _run_threads(count: int, work: Callable[[], None]) -> None:
     assert not errors
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backward", [False, True], ids=["forward only", "forward+backward"])
 @pytest.mark.parametrize("threads", [2, 4])
 def test_regions_in_several_threads_leave_the_callers_setting_once_all_have_finished(

@@ -136,6 +136,7 @@ def test_register_accelerator_names_the_rng_functions_a_device_module_lacks(
         detctx.register_accelerator("hpu")
 
 
+@pytest.mark.slow
 def test_register_accelerator_accepts_a_device_type_with_the_rng_functions() -> None:
     # In a child: a registration lasts for the process, and this backend is a stand-in.
     out = run_python(

@@ -59,6 +59,7 @@ def assert_continues_bit_for_bit(straight: Any, resumed: Any) -> None:
     assert all(torch.equal(a, b) for a, b in zip(straight["weights"], resumed["weights"]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_loop_resumed_in_a_fresh_process_from_the_middle_of_an_epoch_continues_bit_for_bit(
     tmp_path: Path, workers: int
@@ -70,6 +71,7 @@ def test_a_loop_resumed_in_a_fresh_process_from_the_middle_of_an_epoch_continues
     assert_continues_bit_for_bit(straight, resumed)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is absent")
 def test_two_gloo_ranks_each_resume_their_own_streams_and_loader_position(tmp_path: Path) -> None:
     # Each rank with two loader workers (the case nothing resumed before; with none,
@@ -128,6 +130,7 @@ def test_after_a_resume_the_next_epochs_shuffle_as_in_the_straight_run() -> None
             assert (epochs(resumed, 2) == following) is same
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None)
 @given(size=st.integers(3, 12), batch=st.integers(1, 4), stop=st.integers(0, 20))
 def test_stopping_after_any_batch_and_resuming_gives_the_same_batches(
@@ -200,6 +203,7 @@ def test_bad_loader_arguments_are_refused_when_it_is_built() -> None:
         detctx.resume_state(torch.utils.data.DataLoader(Shuffled(4)))
 
 
+@pytest.mark.slow
 def test_without_torchdata_the_error_names_the_extra() -> None:
     out = run_python(
         """

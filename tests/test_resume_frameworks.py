@@ -29,6 +29,7 @@ def run_script(script: str, *arguments: str) -> None:
     assert proc.returncode == 0, f"{script} failed:\n{proc.stdout}\n{proc.stderr}"
 
 
+@pytest.mark.slow
 def test_lightning_fits_resumed_from_a_mid_epoch_or_a_validation_checkpoint_continue_bit_for_bit(
     tmp_path: Path,
 ) -> None:
@@ -49,6 +50,7 @@ def test_lightning_fits_resumed_from_a_mid_epoch_or_a_validation_checkpoint_cont
         assert all(torch.equal(a, b) for a, b in zip(straight["weights"], resumed["weights"])), case
 
 
+@pytest.mark.slow
 def test_a_trainer_resumed_from_a_mid_epoch_save_steps_checkpoint_continues_bit_for_bit(
     tmp_path: Path,
 ) -> None:

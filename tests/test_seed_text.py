@@ -95,6 +95,7 @@ def reference_rule(text: str) -> int | None:
     return int(match.group(1))
 
 
+@pytest.mark.slow
 @given(st.one_of(st.text(), st.from_regex(r"\A[ \t]*[0-9_\u0660-\u0669+-]{1,12}[ \t]*\Z")))
 def test_any_text_is_read_exactly_by_the_documented_rule(text: str) -> None:
     expected = reference_rule(text)

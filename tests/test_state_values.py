@@ -63,6 +63,7 @@ def npu_python(code: str) -> str:
     return run_python("import simulated_npu as sim\nsim.install(2)\n" + code, env=HIDE_CUDA)
 
 
+@pytest.mark.slow
 def test_waking_a_seeded_npu_without_drawing_leaves_every_fingerprint_as_it_was() -> None:
     out = npu_python(
         """
@@ -85,6 +86,7 @@ print("ok")
     assert out.strip() == "ok"
 
 
+@pytest.mark.slow
 def test_a_state_put_back_with_set_rng_state_all_equals_itself() -> None:
     out = npu_python(
         """
@@ -104,6 +106,7 @@ print("ok")
     assert out.strip() == "ok"
 
 
+@pytest.mark.slow
 def test_a_block_that_wakes_the_npu_leaves_the_fingerprint_as_before() -> None:
     out = npu_python(
         """
@@ -121,6 +124,7 @@ print("ok")
     assert out.strip() == "ok"
 
 
+@pytest.mark.slow
 def test_check_reproducible_accepts_a_run_that_first_uses_the_npu_later() -> None:
     out = npu_python(
         """
@@ -142,6 +146,7 @@ print("ok")
     assert out.strip() == "ok"
 
 
+@pytest.mark.slow
 def test_ranks_whose_npu_sleeps_or_is_awake_give_the_same_verification_row() -> None:
     out = npu_python(
         """

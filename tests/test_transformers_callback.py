@@ -49,6 +49,7 @@ def train_masked_lm(tokenizer, datasets, tmp_path, *, evaluate, callbacks=(), **
     )
 
 
+@pytest.mark.slow
 def test_training_losses_are_the_same_bit_for_bit_with_evaluation_every_2_steps_or_none(
     tokenizer, datasets, tmp_path
 ):
@@ -65,6 +66,7 @@ def test_training_losses_are_the_same_bit_for_bit_with_evaluation_every_2_steps_
     assert detctx.open_blocks() == ()
 
 
+@pytest.mark.slow
 def test_evaluating_at_the_start_and_after_each_epoch_changes_no_training_loss_either(
     tokenizer, datasets, tmp_path
 ):
@@ -87,6 +89,7 @@ def test_evaluating_at_the_start_and_after_each_epoch_changes_no_training_loss_e
     assert detctx.open_blocks() == ()
 
 
+@pytest.mark.slow
 def test_with_two_loader_workers_evaluation_changes_no_training_loss_either(
     tokenizer, datasets, tmp_path
 ):
@@ -106,6 +109,7 @@ def test_with_two_loader_workers_evaluation_changes_no_training_loss_either(
     assert evaluated == quiet
 
 
+@pytest.mark.slow
 def test_without_the_callback_evaluation_changes_the_training_losses(tokenizer, datasets, tmp_path):
     quiet, _, _ = train_masked_lm(tokenizer, datasets, tmp_path, evaluate=False)
     evaluated, _, _ = train_masked_lm(tokenizer, datasets, tmp_path, evaluate=True)
@@ -113,6 +117,7 @@ def test_without_the_callback_evaluation_changes_the_training_losses(tokenizer, 
     assert evaluated[2:] != quiet[2:]
 
 
+@pytest.mark.slow
 def test_eval_losses_repeat_run_to_run_and_do_not_depend_on_the_callers_stream(
     tokenizer, datasets, tmp_path
 ):
@@ -184,6 +189,7 @@ def test_a_bad_eval_seed_or_switch_fails_when_the_callback_is_built(arguments, e
         DeterministicCallback(**arguments)
 
 
+@pytest.mark.slow
 def test_without_transformers_the_import_error_names_the_extra_to_install():
     code = (
         "import sys; sys.modules['transformers'] = None\n"

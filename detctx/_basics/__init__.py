@@ -21,6 +21,7 @@ from detctx._basics.errors import (
     TraceError,
 )
 from detctx._basics.seeds import (
+    CAUSES_OF_A_DIFFERENT_START,
     DEFAULT_SEED,
     MAX_SEED,
     SEED_ENV,
@@ -33,6 +34,7 @@ from detctx._basics.seeds import (
 )
 
 __all__ = [
+    "CAUSES_OF_A_DIFFERENT_START",
     "DEFAULT_SEED",
     "MAX_SEED",
     "SEED_ENV",

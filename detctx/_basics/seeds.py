@@ -9,6 +9,7 @@ import sys
 from typing import Final
 
 __all__ = [
+    "CAUSES_OF_A_DIFFERENT_START",
     "DEFAULT_SEED",
     "MAX_SEED",
     "SEED_ENV",
@@ -30,12 +31,38 @@ MAX_SEED: Final = 2**32 - 1
 SEED_ENV: Final = "DETCTX_SEED"
 """Environment variable read when ``seed=None``."""
 
+CAUSES_OF_A_DIFFERENT_START: Final = (
+    "nothing seeds the run: wrap the training in `with detctx.deterministic(seed=...)` or "
+    "call detctx.seed_all(...) first (detctx run exports DETCTX_SEED, which "
+    "deterministic(seed=None) reads, but a script has to enter the block)",
+    "the model or the data was created before the block or the seed: create whatever "
+    "draws random numbers (the model's initial weights, a random split, the DataLoader "
+    "and its shuffling) inside the block",
+    "something read entropy at start-up: an unseeded random.Random(), "
+    "np.random.default_rng() or torch.Generator(), os.urandom, the clock; derive it from "
+    "the run's seed or register it with detctx.register_source",
+)
+"""Why two runs differ from their first metric value or their first random draw, the most
+common cause first: they did not start from the same state."""
+
+
+def _is_array(value: object) -> bool:
+    # A tensor or an array converts with operator.index when it holds one integer
+    # (torch.tensor([3]) and torch.tensor(True) too): refused, not read as a number.
+    torch, np = sys.modules.get("torch"), sys.modules.get("numpy")
+    return (torch is not None and isinstance(value, torch.Tensor)) or (
+        np is not None and isinstance(value, np.ndarray)
+    )
+
 
 def as_integer(value: object) -> int | None:
     """``value`` as an ``int`` when it is an integer, Python's or NumPy's (``np.int64(2)``);
-    else ``None``. A bool is not an integer here, NumPy's ``np.bool_`` neither."""
+    else ``None``. A bool is not an integer here, NumPy's ``np.bool_`` neither, nor is a
+    tensor or an array."""
     np = sys.modules.get("numpy")
     if isinstance(value, bool) or (np is not None and isinstance(value, np.bool_)):
+        return None
+    if _is_array(value):
         return None
     try:
         return operator.index(value)  # type: ignore[arg-type]
@@ -46,7 +73,8 @@ def as_integer(value: object) -> int | None:
 def validate_seed(seed: object, what: str = "seed") -> int:
     """Return ``seed`` as an ``int`` in ``[0, 2**32 - 1]``.
 
-    Python and NumPy integers are accepted. ``bool``, floats and strings raise
+    Python and NumPy integers are accepted. ``bool``, floats, strings, tensors
+    and arrays (``torch.tensor(3)`` too: pass ``seed.item()``) raise
     ``TypeError``; integers out of range raise ``ValueError``.
     """
     # NumPy is imported only where it is needed (0.1 s; `--detctx-seed` parses seeds before
@@ -54,6 +82,12 @@ def validate_seed(seed: object, what: str = "seed") -> int:
     np = sys.modules.get("numpy")
     if isinstance(seed, bool) or (np is not None and isinstance(seed, np.bool_)):
         raise TypeError(f"{what} must be an integer, not a bool ({seed!r})")
+    if _is_array(seed):
+        raise TypeError(
+            f"{what} must be a Python or NumPy integer, not a "
+            f"{type(seed).__module__.split('.')[0]}.{type(seed).__name__} ({seed!r}); "
+            "pass its value (.item())"
+        )
     try:
         value = operator.index(seed)  # type: ignore[arg-type]
     except TypeError:

@@ -46,7 +46,7 @@ class deterministic:
 
     ``**switches``: the determinism switches, each on unless turned off with
     ``False``; their one declaration, with what each sets, is
-    :class:`detctx.SwitchOptions` (the README's "Switches" table lists them).
+    :class:`detctx.SwitchOptions` (the "Switches" table of docs/usage.md lists them).
 
     Entering returns a :class:`~detctx.Seeding` with the seed used.
     Bad arguments raise ``TypeError`` / ``ValueError`` here, before anything

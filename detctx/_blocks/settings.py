@@ -30,7 +30,8 @@ class Seeding:
     ``seed`` is the seed used: with ``seed=None`` it is the one read from
     ``DETCTX_SEED`` or drawn from OS entropy, so the run can be repeated with
     ``deterministic(seed=seeding.seed)``. ``sources`` names the RNG sources
-    seeded, ``switches`` describes the switches set::
+    seeded, ``switches`` describes the switches set, and names those turned
+    off (``"algorithms=off"``)::
 
         with detctx.deterministic(seed=None) as seeding:
             print(seeding.seed)          # e.g. 2718281828: rerun with this seed
@@ -170,6 +171,9 @@ class Settings:
             )
             if description is not None:
                 applied.append(description)
+            elif self.switches[switch.name] is False:
+                # Said, not left out: a reader of the log must not take it for a default.
+                applied.append(f"{switch.name}=off")
         seeding = entry.record(Seeding(seed, tuple(name for name, _ in sources), tuple(applied)))
         if logger.isEnabledFor(logging.INFO):
             logger.info("deterministic computing is applied: %s", seeding.describe())

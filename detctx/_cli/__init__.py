@@ -14,6 +14,7 @@ import os
 import re
 import shlex
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -29,7 +30,6 @@ from detctx._cli.curves import (
     CurveComparison,
     compare,
     compile_pattern,
-    describe,
     no_points_message,
 )
 from detctx._cli.hints import FrameworkSigns
@@ -37,10 +37,18 @@ from detctx._cli.logs import read_curve
 from detctx._cli.plot_target import check_plot_path
 from detctx._cli.plotting import load_pyplot, plot
 from detctx._cli.signals import Stopped, forwarded_signals, raise_pending
+from detctx._cli.verdict import describe
 
 __all__ = ["main"]
 
 AGREE, DIFFER, USAGE = 0, 1, 2
+
+STARTED = time.monotonic()
+"""When the command started: this module is the console script's first import.
+
+The process's own start time (``/proc/self/stat``) is not it: ``bash -c "pip
+install ... && detctx demo"`` execs the command in the shell's process, which
+started before the install."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -82,7 +90,7 @@ def _parser() -> argparse.ArgumentParser:
         "twice and compare its loss curves, compare two logs.",
         epilog="Exit status: 0 agree, 1 differ, 2 bad usage or unreadable curves.",
     )
-    parser.add_argument("--version", action="version", version=f"detctx {_version()}")
+    parser.add_argument("-V", "--version", action="version", version=f"detctx {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
 
@@ -191,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "demo":
             from detctx._cli import demo
 
-            return demo.main(plot_path=args.plot, whole_process=True)
+            return demo.main(plot_path=args.plot, since=STARTED)
         pattern = compile_pattern(args.pattern)
         if args.command == "compare":
             curves = [read_curve(p, pattern=args.pattern, metric=args.metric) for p in args.logs]

@@ -1,4 +1,5 @@
-"""What to do when a command's output holds no metric lines, for the frameworks we know.
+"""What to do when a command's output holds no metric lines, for the frameworks we know,
+and when runs differ from their very first metric value.
 
 Lightning prints the loss only in its progress bar, and only when the
 ``LightningModule`` logs it with ``prog_bar=True``; off a terminal the bar
@@ -12,7 +13,9 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["FrameworkSigns"]
+from detctx._basics import CAUSES_OF_A_DIFFERENT_START
+
+__all__ = ["FrameworkSigns", "different_start"]
 
 _SIGNS: Final = {
     "Lightning": (
@@ -65,3 +68,14 @@ class FrameworkSigns:
     def advice(self) -> str:
         """What to do for the framework seen, or ``""`` when none was."""
         return _ADVICE[self.seen] if self.seen is not None else ""
+
+
+def different_start() -> str:
+    """Why runs differ from their first metric value on: the likely causes, most likely first."""
+    causes = "".join(
+        f"\n  {number}. {cause}" for number, cause in enumerate(CAUSES_OF_A_DIFFERENT_START, 1)
+    )
+    return (
+        "The runs differ from the first point on, so they did not start from the same state. "
+        f"Likely causes, the most common first:{causes}"
+    )

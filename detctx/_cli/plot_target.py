@@ -34,10 +34,14 @@ def check_plot_path(path: Path) -> None:
         raise ValueError(f"--plot {path} is a folder; name a file in it: {path / 'curves.png'}")
     fmt = plot_format(path)
     if fmt not in formats:
-        named = f"its suffix {path.suffix!r}" if path.suffix else "it has no suffix"
+        problem = (
+            f"matplotlib writes no {path.suffix!r} images"
+            if path.suffix
+            else "the name has no suffix, and the suffix says which image format to write"
+        )
         raise ValueError(
-            f"--plot {path}: {named}, which names no image format matplotlib writes; the "
-            f"suffix names the format: use one of {shown}"
+            f"--plot {path}: {problem}; end the name with .png, .svg or .pdf "
+            f"(every suffix matplotlib writes: {shown})"
         )
     folder = path.parent
     if not folder.is_dir():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from detctx._proving import ProbeReport, ProbeRow, run_probe
+from detctx._proving import SAMPLE_SECONDS, TIMED_ROUNDS, ProbeReport, ProbeRow, run_probe
 
 __all__ = ["format_report", "main"]
 
@@ -36,7 +36,11 @@ def format_report(report: ProbeReport) -> str:
     widths = [max(len(cells[i]) for cells in table) for i in range(len(_COLUMNS) - 1)]
     out = [
         f"probe: each op run {report.runs} times with deterministic algorithms off, "
-        f"then {report.runs} times on; 'identical' means bit for bit"
+        f"then {report.runs} times on; 'identical' means bit for bit",
+        f"slowdown on: time on / time off, the median of {TIMED_ROUNDS} pairs timed back to "
+        f"back (each a batch of calls lasting {SAMPLE_SECONDS * 1000:.0f} ms or more; CPU "
+        "time on the cpu, wall-clock time around a synchronize on a device): a guide, not a "
+        "benchmark",
     ]
     for cells in table:
         out.append(

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import zip_longest
 from pathlib import Path
 
 import torch
 
+from detctx._basics import CAUSES_OF_A_DIFFERENT_START
 from detctx._locate.trace import OpRecord, read_trace
 
 __all__ = [
@@ -57,6 +58,7 @@ class Divergence:
     mismatched: int | None = None
     total: int | None = None
     max_abs_diff: float | None = None
+    first_draw: bool = False
 
     def where(self) -> str:
         module = f"in module {self.module_path}" if self.module_path else "at top level"
@@ -66,6 +68,15 @@ class Divergence:
     def __str__(self) -> str:
         head = f"Run {self.run} parted from run 1 at op {self.index}"
         output = f"{self.dtype} output of shape {self.shape} on {self.device}"
+        if self.reason == "rng" and self.first_draw:
+            causes = "; ".join(
+                f"({number}) {cause}" for number, cause in enumerate(CAUSES_OF_A_DIFFERENT_START, 1)
+            )
+            return (
+                f"{head}, {self.where()}: the RNG stream differed before this op, the first "
+                f"random op of the run, so the runs did not start from the same RNG state "
+                f"(on {self.device}). Likely causes, the most common first: {causes}."
+            )
         if self.reason == "rng":
             return (
                 f"{head}, {self.where()}: the RNG stream differed before this op. Every "
@@ -127,6 +138,13 @@ def compare_records(
     return None
 
 
+def _first_draw(found: Divergence | None, drawn: bool) -> Divergence | None:
+    """``found``, marked when it is a random op's divergence and no op before it drew."""
+    if found is None or found.reason != "rng" or drawn:
+        return found
+    return replace(found, first_draw=True)
+
+
 def _divergence(
     index: int, record: OpRecord, reason: str, run: int, reference: str = ""
 ) -> Divergence:
@@ -155,12 +173,16 @@ class OpComparison:
         self.found: Divergence | None = None
         self.reference_record: OpRecord | None = None
         self.tensors: list[torch.Tensor] = []
+        self.drawn = False  # whether an op before this one drew random numbers
 
     def add(self, record: OpRecord, outputs: list[torch.Tensor]) -> None:
         if self.found is not None:
             return
         reference = next(self.reference, None)
-        self.found = compare_records(self.index, reference, record, self.run)
+        self.found = _first_draw(
+            compare_records(self.index, reference, record, self.run), self.drawn
+        )
+        self.drawn = self.drawn or (reference is not None and reference.rng is not None)
         if self.found is not None:
             self.reference_record = reference
             self.tensors = [tensor.detach().clone() for tensor in outputs]
@@ -228,11 +250,13 @@ def compare_traces(reference: Path, other: Path, run: int) -> Divergence | None:
     Both files are streamed, a record at a time, and checked as they are read.
     """
     first, second = read_trace(reference), read_trace(other)
+    drawn = False
     try:
         for index, (a, b) in enumerate(zip_longest(first, second)):
-            found = compare_records(index, a, b, run)
+            found = _first_draw(compare_records(index, a, b, run), drawn)
             if found is not None:
                 return found
+            drawn = drawn or (a is not None and a.rng is not None)
     finally:
         first.close()
         second.close()

@@ -7,15 +7,26 @@ whether the results were bit-identical each way, whether the op raises under
 ``torch.use_deterministic_algorithms(True)``, and how much slower it is with
 determinism on. Each half runs inside a ``detctx.deterministic`` block, so the
 process's RNGs, flags and variables are as they were afterwards.
+
+The slowdown is timed in pairs: the same inputs with the flags off, then on,
+back to back, each timing a batch of calls that lasts at least
+:data:`SAMPLE_SECONDS` (CPU time of the process on the CPU, the wall clock
+around a synchronize on an accelerator); the median ratio of
+:data:`TIMED_ROUNDS` pairs. Timing
+all the "off" runs and then all the "on" runs, as this once did, let a busy
+moment on a shared machine land on one side only: histc on a 2-core machine
+read 0.001x, then 0.48x, then 0.93x.
 """
 
 from __future__ import annotations
 
+import math
+import statistics
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import torch
 
@@ -24,7 +35,26 @@ from detctx._blocks import deterministic
 from detctx._proving.probe_catalogue import PROBE_OPS, ProbeOp
 from detctx._sources import active_accelerators, device_module
 
-__all__ = ["PROBE_OPS", "ProbeOp", "ProbeReport", "ProbeRow", "probe_devices", "run_probe"]
+__all__ = [
+    "PROBE_OPS",
+    "SAMPLE_SECONDS",
+    "TIMED_ROUNDS",
+    "ProbeOp",
+    "ProbeReport",
+    "ProbeRow",
+    "paired_slowdown",
+    "probe_devices",
+    "run_probe",
+]
+
+TIMED_ROUNDS: Final = 9
+"""Pairs of timings (off, then on) behind each slowdown; the median ratio is reported."""
+
+SAMPLE_SECONDS: Final = 0.005
+"""The least a timing lasts: a fast op is called as many times as that takes (at most
+:data:`_MAX_CALLS`), so the clock's resolution and one scheduler tick do not decide it."""
+
+_MAX_CALLS: Final = 1000
 
 
 @dataclass(frozen=True)
@@ -34,8 +64,9 @@ class ProbeRow:
     ``identical_off`` / ``identical_on``: every run gave the same bits with
     deterministic algorithms off / on (``None`` where it could not run that
     way). ``raises``: it raised under ``use_deterministic_algorithms(True)``
-    (``detail`` has the first line). ``slowdown``: fastest time on / fastest
-    time off. ``error``: it failed even with determinism off.
+    (``detail`` has the first line). ``slowdown``: time on / time off, the
+    median of :data:`TIMED_ROUNDS` pairs timed back to back
+    (:func:`paired_slowdown`). ``error``: it failed even with determinism off.
     """
 
     op: str
@@ -84,7 +115,8 @@ def run_probe(
     before anything runs. Nothing is left changed: each half runs in a
     ``deterministic(seed)`` block (off: ``algorithms=False, cudnn=False,
     cublas_workspace=False`` and torch's flag switched off inside). Slowdowns
-    are wall-clock ratios of the fastest of a few runs: a rough guide, not a benchmark::
+    are medians of wall-clock ratios timed in pairs (see :func:`paired_slowdown`):
+    a guide, not a benchmark::
 
         report = detctx.run_probe(["cuda"])
         for row in report.nondeterministic():
@@ -119,12 +151,11 @@ def run_probe(
 
 def _probe_op(op: ProbeOp, device: torch.device, runs: int, seed: int) -> ProbeRow:
     large = device.type != "cpu"
+    synchronize = getattr(device_module(device.type), "synchronize", None)
     with deterministic(seed, algorithms=False, cudnn=False, cublas_workspace=False):
-        if torch.are_deterministic_algorithms_enabled():
-            torch.use_deterministic_algorithms(False)
-        torch.backends.cudnn.deterministic = False
+        _switch(on=False)
         try:
-            off = _repeat(op.build(device, large), runs, device)
+            identical_off = _repeat(op.build(device, large), runs, synchronize)
         except Exception as exc:
             return ProbeRow(
                 op.name,
@@ -136,45 +167,90 @@ def _probe_op(op: ProbeOp, device: torch.device, runs: int, seed: int) -> ProbeR
                 error=_first_line(exc),
             )
     with deterministic(seed):
+        thunk = op.build(device, large)
         try:
-            on = _repeat(op.build(device, large), runs, device)
+            identical_on = _repeat(thunk, runs, synchronize)
         except RuntimeError as exc:
             return ProbeRow(
                 op.name,
                 device.type,
-                identical_off=off[0],
+                identical_off=identical_off,
                 identical_on=None,
                 raises=True,
                 slowdown=None,
                 detail=_first_line(exc),
             )
-    slowdown = on[1] / off[1] if off[1] > 0 else None
+        # Inside the block: the flags it set are put back on exit, whatever _switch left.
+        # On the CPU, the process's CPU time: other processes on a shared machine take
+        # turns on the cores, and wall-clock batches that lost their turn read 25x or
+        # 0.02x on a CPU where nothing changes (detctx doctor --probe beside a test run
+        # on 2 cores). A device's time is the wall clock around a synchronize.
+        clock = time.process_time if device.type == "cpu" else time.perf_counter
+        slowdown = paired_slowdown(thunk, lambda on: _switch(on=on), synchronize, clock=clock)
     return ProbeRow(
         op.name,
         device.type,
-        identical_off=off[0],
-        identical_on=on[0],
+        identical_off=identical_off,
+        identical_on=identical_on,
         raises=False,
         slowdown=slowdown,
     )
 
 
-def _repeat(thunk: Any, runs: int, device: torch.device) -> tuple[bool, float]:
-    """Run ``thunk`` once to warm up, then ``runs`` times: (all bit-identical, fastest s)."""
-    synchronize = getattr(device_module(device.type), "synchronize", None)
+def _switch(*, on: bool) -> None:
+    if torch.are_deterministic_algorithms_enabled() != on:
+        torch.use_deterministic_algorithms(on)
+    torch.backends.cudnn.deterministic = on
+
+
+def _repeat(thunk: Any, runs: int, synchronize: Callable[[], None] | None) -> bool:
+    """Run ``thunk`` once to warm up, then ``runs`` times: whether all gave the same bits."""
     thunk()
-    results, times = [], []
+    results = []
     for _ in range(runs):
-        if synchronize is not None:
-            synchronize()
-        start = time.perf_counter()
         out = thunk()
         if synchronize is not None:
             synchronize()
-        times.append(time.perf_counter() - start)
         results.append(_bits(out))
-    # The fastest run: the least disturbed by other work on a shared machine.
-    return all(result == results[0] for result in results), min(times)
+    return all(result == results[0] for result in results)
+
+
+def paired_slowdown(
+    thunk: Callable[[], object],
+    switch: Callable[[bool], None],
+    synchronize: Callable[[], None] | None = None,
+    *,
+    rounds: int = TIMED_ROUNDS,
+    clock: Callable[[], float] = time.perf_counter,
+) -> float | None:
+    """How much slower ``thunk`` runs with ``switch(True)`` than with ``switch(False)``.
+
+    Each of ``rounds`` rounds times a batch of calls off, then the same batch on,
+    back to back, so a busy moment falls on both sides of a pair or on one pair
+    only; the result is the median of the rounds' ratios (``None`` when the
+    clock saw no time pass). The batch is as many calls as last
+    :data:`SAMPLE_SECONDS` (one call at least, :data:`_MAX_CALLS` at most).
+    """
+
+    def timed(on: bool, calls: int) -> float:
+        switch(on)
+        if synchronize is not None:
+            synchronize()
+        start = clock()
+        for _ in range(calls):
+            thunk()
+        if synchronize is not None:
+            synchronize()
+        return clock() - start
+
+    once = timed(False, 1)
+    calls = _MAX_CALLS if once <= 0 else min(_MAX_CALLS, max(1, math.ceil(SAMPLE_SECONDS / once)))
+    ratios = []
+    for _ in range(rounds):
+        off, on = timed(False, calls), timed(True, calls)
+        if off > 0:
+            ratios.append(on / off)
+    return statistics.median(ratios) if ratios else None
 
 
 def _bits(out: Any) -> list[bytes]:
