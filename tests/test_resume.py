@@ -117,12 +117,13 @@ def test_after_a_resume_the_next_epochs_shuffle_as_in_the_straight_run() -> None
             straight = build()
             iterator = iter(straight)
             next(iterator)
-            state = detctx.resume_state(straight)
+            state, streams = straight.state_dict(), detctx.capture()
             rest = [value for batch in iterator for value in batch.flatten().tolist()]
             following = epochs(straight, 2)
         with detctx.deterministic(seed=1):
             resumed = build()
-            detctx.resume(state, resumed)
+            resumed.load_state_dict(state)
+            streams.restore()
             resumed_rest = epochs(resumed, 1)[0]
             assert resumed_rest == rest
             assert (epochs(resumed, 2) == following) is same
