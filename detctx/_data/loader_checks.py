@@ -288,9 +288,7 @@ def _element_states(
         at = f"{where}.sampler_iter_state"
         entries = _entries(iter_state, at, frozenset({"generator", "yielded"}))
         _count(entries["yielded"], f"{at}.yielded", samples, samples)
-        replayed = isinstance(sampler, ReplayedSampler)  # no state before its first draw
-        if entries["generator"] is not None or samples > 0 or not replayed:
-            generator_state(entries["generator"], f"{at}.generator")
+        generator_state(entries["generator"], f"{at}.generator")
 
 
 def _known_stateful() -> tuple[type[Any], ...]:

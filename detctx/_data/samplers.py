@@ -74,34 +74,29 @@ class ReplayedSampler(data.Sampler[int]):
 class _ReplayIterator(Iterator[int]):
     def __init__(self, sampler: Any) -> None:
         self._sampler = sampler
-        self._inner: Iterator[int] | None = None
-        self._start: torch.Tensor | None = None
+        # torch's samplers draw at their first next(), from the state read here (the
+        # sampler's own generator: nothing else draws from it in between).
+        self._start: torch.Tensor = sampler.generator.get_state()
+        self._inner: Iterator[int] = iter(sampler)
         self._yielded = 0
 
     def __iter__(self) -> Iterator[int]:
         return self
 
     def __next__(self) -> int:
-        index = next(self._inner if self._inner is not None else self._begin())
+        index = next(self._inner)
         self._yielded += 1
         return index
-
-    def _begin(self) -> Iterator[int]:
-        # torch's samplers draw at their first next(), so the state read here is the
-        # state the epoch's order is drawn from.
-        self._start = self._sampler.generator.get_state()
-        self._inner = iter(self._sampler)
-        return self._inner
 
     def state_dict(self) -> dict[str, Any]:
         return {"generator": self._start, "yielded": self._yielded}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        if state["generator"] is not None:
-            self._sampler.generator.set_state(state["generator"])
-            inner = self._begin()
-            for _ in range(state["yielded"]):
-                next(inner)
+        self._start = state["generator"]
+        self._sampler.generator.set_state(self._start)
+        self._inner = iter(self._sampler)
+        for _ in range(state["yielded"]):
+            next(self._inner)
         self._yielded = state["yielded"]
 
 
