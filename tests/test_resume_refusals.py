@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_resume import Shuffled
 
 import detctx
@@ -255,3 +257,47 @@ def test_when_a_source_fails_to_restore_inside_resume_the_loader_is_not_left_loa
             assert loader.next_iter_state is None
     finally:
         detctx.unregister_source("failing")
+
+
+def leaves(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """The path of every value in ``value`` that is not a dict or a list."""
+    if isinstance(value, dict):
+        return [leaf for key in value for leaf in leaves(value[key], (*path, key))]
+    if isinstance(value, list):
+        return [leaf for index, item in enumerate(value) for leaf in leaves(item, (*path, index))]
+    return [path]
+
+
+REPLACEMENTS = st.one_of(
+    st.integers(-3, 40),
+    st.booleans(),
+    st.none(),
+    st.just("3"),
+    st.just(torch.zeros(4, dtype=torch.uint8)),
+    st.integers(0, 3).map(lambda seed: torch.Generator().manual_seed(seed).get_state()),
+)
+SAVED = {workers: saved_after_one_batch(workers) for workers in (0, 2)}
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data(), workers=st.sampled_from([0, 0, 0, 2]))
+def test_any_value_of_a_saved_loader_state_replaced_is_refused_unchanged_or_resumes_exactly(
+    data: st.DataObject, workers: int
+) -> None:
+    good, rest = SAVED[workers]
+    state = copy.deepcopy(good)
+    *path, last = data.draw(st.sampled_from(leaves(state["loaders"])), label="path")
+    parent: Any = state["loaders"]
+    for key in path:
+        parent = parent[key]
+    parent[last] = data.draw(REPLACEMENTS, label="value")
+    with detctx.deterministic(seed=1):
+        loader = build(workers)
+        before = detctx.fingerprint()
+        try:
+            detctx.resume(state, loader)
+        except CheckpointError:
+            assert detctx.fingerprint() == before
+            assert loader.next_iter_state is None
+            return
+        assert values(loader) + values(loader) == rest

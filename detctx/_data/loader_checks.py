@@ -36,6 +36,8 @@ __all__ = [
     "check_position",
     "describe_loader",
     "generator_state",
+    "same_plain",
+    "shown",
 ]
 
 _SINGLE: Final = frozenset(
@@ -95,6 +97,18 @@ def describe_loader(loader: Any, rank: int, world_size: int) -> dict[str, Any]:
     }
 
 
+def same_plain(value: Any, expected: Any) -> bool:
+    """``value`` (from a checkpoint: maybe a tensor, a bool for an int) is ``expected``
+    (plain data: dicts, ints, bools, strings, ``None``), type for type."""
+    if type(value) is not type(expected):
+        return False
+    if isinstance(expected, Mapping):
+        return set(value) == set(expected) and all(
+            same_plain(value[key], expected[key]) for key in expected
+        )
+    return bool(value == expected)
+
+
 def check_configuration(saved: Any, live: Mapping[str, Any], where: str) -> None:
     """Raise unless the configuration a state was saved with is ``live``; name each difference."""
     if not isinstance(saved, Mapping) or set(saved) != set(live):
@@ -105,18 +119,19 @@ def check_configuration(saved: Any, live: Mapping[str, Any], where: str) -> None
     differences = []
     for key, name in _SETTINGS.items():
         was, now = saved[key], live[key]
-        if key == "sampler" and isinstance(was, Mapping) and was != now:
-            fields = sorted(set(was) | set(now))
+        if key == "sampler" and isinstance(was, Mapping) and not same_plain(was, now):
+            fields = sorted(set(map(str, was)) | set(now))
             differences += [
-                f"the sampler's {field} was {was.get(field)!r}, is {now.get(field)!r} now"
+                f"the sampler's {field} was {shown(was.get(field))}, is {now.get(field)!r} now"
                 for field in fields
-                if was.get(field) != now.get(field)
+                if not same_plain(was.get(field), now.get(field))
             ]
-        elif was != now or type(was) is not type(now):
-            differences.append(f"{name} was {was!r}, is {now!r} now")
+        elif not same_plain(was, now):
+            differences.append(f"{name} was {shown(was)}, is {now!r} now")
     if not differences:
         return
-    if saved["rank"] != live["rank"] or saved["world_size"] != live["world_size"]:
+    placed = all(same_plain(saved[key], live[key]) for key in ("rank", "world_size"))
+    if not placed:
         advice = (
             "each rank saves and resumes its own state, on as many ranks as saved it: load "
             f"the checkpoint rank {live['rank']} wrote (for example f'checkpoint.rank{{rank}}.pt')"
@@ -136,7 +151,7 @@ def generator_state(value: Any, where: str) -> torch.Tensor:
     """``value`` if a CPU ``torch.Generator`` accepts it as its state, else raise."""
     if not isinstance(value, torch.Tensor) or value.dtype != torch.uint8 or value.dim() != 1:
         raise CheckpointError(
-            f"{where} is {_kind(value)}; a CPU generator state is a 1-D uint8 tensor"
+            f"{where} is {shown(value)}; a CPU generator state is a 1-D uint8 tensor"
         )
     try:
         torch.Generator().set_state(value)
@@ -270,7 +285,8 @@ def _sampler_states(
     size = config["batch_size"]
     expected = min(drawn * size, total)
     samples = entries["samples_yielded"]
-    if not (samples == expected or (drawn == config["batches"] and samples == total)):
+    ends = drawn == config["batches"] and type(samples) is int and samples == total
+    if not ends:
         _count(samples, f"{at}.samples_yielded", expected, expected)
     _element_states(
         sampler, entries.get("sampler_state"), entries.get("sampler_iter_state"), at, samples
@@ -336,7 +352,7 @@ def _count(value: Any, where: str, low: int, high: int) -> int:
     if type(value) is not int or not low <= value <= high:
         span = f"{low}" if low == high else f"from {low} to {high}"
         raise CheckpointError(
-            f"{where} is {_kind(value)}; for this loader and position it is the int {span}"
+            f"{where} is {shown(value)}; for this loader and position it is the int {span}"
         )
     return value
 
@@ -344,7 +360,7 @@ def _count(value: Any, where: str, low: int, high: int) -> int:
 def _finished(value: Any, where: str, served: int, batches: int) -> None:
     if type(value) is not bool or (value and served != batches):
         raise CheckpointError(
-            f"{where} is {_kind(value)}; it is True only once all {batches} batches of the "
+            f"{where} is {shown(value)}; it is True only once all {batches} batches of the "
             f"epoch were served ({served} were)"
         )
 
@@ -353,7 +369,7 @@ def _nothing(entries: Mapping[str, Any], where: str, keys: Iterable[str]) -> Non
     for key in keys:
         if entries[key] is not None:
             raise CheckpointError(
-                f"{where}.{key} is {_kind(entries[key])}; this loader saves None there"
+                f"{where}.{key} is {shown(entries[key])}; this loader saves None there"
             )
 
 
@@ -363,7 +379,8 @@ def _keys(value: Any) -> str:
     return f"a {type(value).__name__}"
 
 
-def _kind(value: Any) -> str:
+def shown(value: Any) -> str:
+    """``value`` read from a checkpoint, for a message: short, and a tensor by its kind."""
     if isinstance(value, torch.Tensor):
         return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
     text = repr(value)

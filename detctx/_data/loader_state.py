@@ -21,6 +21,8 @@ from detctx._data.loader_checks import (
     check_position,
     describe_loader,
     generator_state,
+    same_plain,
+    shown,
 )
 from detctx._data.samplers import element_sampler
 
@@ -106,14 +108,14 @@ def _build_class(base: Any) -> type[Any]:
         def check_state(self, state: Any, where: str = "the loader state") -> None:
             """Raise :class:`~detctx.CheckpointError` unless this loader resumes ``state``
             exactly."""
-            if not isinstance(state, Mapping) or state.get("format") != LOADER_FORMAT:
+            if not isinstance(state, Mapping) or not same_plain(state.get("format"), LOADER_FORMAT):
                 raise CheckpointError(
                     f"{where} was not saved by a detctx resumable loader (no 'format': "
                     f"{LOADER_FORMAT!r} entry)"
                 )
-            if state.get("version") != _LOADER_VERSION:
+            if not same_plain(state.get("version"), _LOADER_VERSION):
                 raise CheckpointError(
-                    f"{where} has version {state.get('version')!r}; this detctx reads loader "
+                    f"{where} has version {shown(state.get('version'))}; this detctx reads loader "
                     f"states of version {_LOADER_VERSION}: resume with the detctx that saved it"
                 )
             if set(state) != _LOADER_KEYS:

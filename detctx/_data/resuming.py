@@ -37,6 +37,7 @@ from typing import Any, Final
 
 from detctx._basics import CheckpointError
 from detctx._data.loader import loader_generator, seed_worker
+from detctx._data.loader_checks import same_plain, shown
 from detctx._data.loader_state import LOADER_FORMAT, is_resumable, resumable_class
 from detctx._data.samplers import prepare_samplers
 from detctx._data.worker_streams import WorkerStreams
@@ -143,15 +144,15 @@ def resume(state: Mapping[str, Any], *loaders: Any, strict: bool = True) -> None
         detctx.resume(checkpoint["detctx"], loader)
     """
     _check_loaders(loaders)
-    if not isinstance(state, Mapping) or state.get("format") != RESUME_FORMAT:
+    if not isinstance(state, Mapping) or not same_plain(state.get("format"), RESUME_FORMAT):
         raise CheckpointError(
             f"not a detctx resume state (no 'format': {RESUME_FORMAT!r} entry); pass the dict "
             "detctx.resume_state() returned"
         )
-    if state.get("version") != _VERSION:
+    if not same_plain(state.get("version"), _VERSION):
         raise CheckpointError(
-            f"the resume state has version {state.get('version')!r}; this detctx reads version "
-            f"{_VERSION}: resume with the detctx version that saved it"
+            f"the resume state has version {shown(state.get('version'))}; this detctx reads "
+            f"version {_VERSION}: resume with the detctx version that saved it"
         )
     saved = state.get("loaders")
     if not isinstance(saved, list) or len(saved) != len(loaders):
