@@ -122,6 +122,12 @@ TWO_WORKERS: dict[str, Mutation] = {
     "a worker's torch state invalid": setter(
         worker_sources(0), "torch", {"kind": "torch", "state": invalid_mt19937()}
     ),
+    "a worker's torch state swapped for another valid one": setter(
+        worker_sources(1),
+        "torch",
+        {"kind": "torch", "state": torch.Generator().manual_seed(8).get_state()},
+    ),
+    "the digest edited": setter(detctx_part, "digest", "0" * 32),
     "a worker's Python state cut": setter(
         worker_sources(1), "python", {"kind": "python", "state": {"version": 3}}
     ),

@@ -20,6 +20,7 @@ from detctx._data.loader_checks import (
     check_draws,
     check_position,
     describe_loader,
+    digest,
     generator_state,
     same_plain,
     shown,
@@ -31,10 +32,9 @@ __all__ = ["LOADER_FORMAT", "is_resumable", "resumable_class"]
 LOADER_FORMAT: Final = "detctx.loader"
 """The ``"format"`` entry of a resumable loader's ``state_dict()``."""
 
-_LOADER_VERSION: Final = 2  # 2: the configuration and the sampler's epoch are saved
-_LOADER_KEYS: Final = frozenset(
-    {"format", "version", "config", "loader", "generator", "generator_before", "epoch"}
-)
+_LOADER_VERSION: Final = 2  # 2: the configuration, the draws, the epoch and a digest
+_DIGESTED: Final = ("config", "loader", "generator", "generator_before", "epoch")
+_LOADER_KEYS: Final = frozenset({"format", "version", "digest", *_DIGESTED})
 _loader_class: type[Any] | None = None
 
 
@@ -95,7 +95,7 @@ def _build_class(base: Any) -> type[Any]:
             generator = self._generator_at_start
             if generator is None and self.generator is not None:
                 generator = self.generator.get_state()
-            return {
+            state = {
                 "format": LOADER_FORMAT,
                 "version": _LOADER_VERSION,
                 "config": self.configuration(),
@@ -104,6 +104,8 @@ def _build_class(base: Any) -> type[Any]:
                 "generator_before": self._generator_before,
                 "epoch": self._epoch_at_start,
             }
+            state["digest"] = digest({key: state[key] for key in _DIGESTED})
+            return state
 
         def check_state(self, state: Any, where: str = "the loader state") -> None:
             """Raise :class:`~detctx.CheckpointError` unless this loader resumes ``state``
@@ -149,6 +151,13 @@ def _build_class(base: Any) -> type[Any]:
                 raise CheckpointError(f"{where}['epoch'] is {epoch!r}; this sampler has none")
             check_position(self, state["loader"], config, f"{where}['loader']")
             check_draws(self, state, where)
+            # Last, so that a state that fails a check above is told what differs; this
+            # catches what no check can: one valid RNG state put in place of another.
+            if not same_plain(state["digest"], digest({key: state[key] for key in _DIGESTED})):
+                raise CheckpointError(
+                    f"{where} was changed after it was saved (its digest does not match what "
+                    "it holds): a corrupted or edited checkpoint; resume from another one"
+                )
 
         def load_state_dict(self, state: Mapping[str, Any]) -> None:
             self.check_state(state)

@@ -66,12 +66,26 @@ def resumable_loader(dataset: Any, *args: Any, seed: int | None = None, **kwargs
       torch CPU, registered sources) are part of the loader's state.
 
     ``state_dict()`` holds the sampler's position, each worker's streams
-    after the last batch the main process took from it, and the generator as
-    it stood after the current epoch's order was drawn; ``load_state_dict()``
-    makes the next ``iter()`` continue that epoch where it stopped, and
-    later epochs shuffle as they would have. Use it through
-    :func:`resume_state` / :func:`resume`, or hand it to a framework that
-    saves loaders with ``state_dict`` (Lightning 2.3+).
+    after the last batch the main process took from it, the generator as
+    it stood before and after the current epoch's draws, the sampler's epoch
+    and the configuration (workers, batch size, dataset length, sampler, rank
+    and world size); ``load_state_dict()`` checks all of it against this
+    loader (:class:`~detctx.CheckpointError` otherwise) and makes the next
+    ``iter()`` continue that epoch where it stopped, and later epochs shuffle
+    as they would have. Use it through :func:`resume_state` / :func:`resume`,
+    or hand it to a framework that saves loaders with ``state_dict``
+    (Lightning 2.3+).
+
+    ``sampler=``: torch's ``RandomSampler`` (with or without replacement),
+    ``SubsetRandomSampler`` and ``WeightedRandomSampler`` with a generator of
+    their own resume by replaying their epoch from its start; a
+    ``DistributedSampler`` or ``SequentialSampler`` resumes as it is (the
+    epoch is saved); a sampler with ``state_dict`` / ``load_state_dict``
+    answers for itself. ``batch_sampler=``: torch's ``BatchSampler`` around
+    one of those, or one with ``state_dict`` / ``load_state_dict``. Anything
+    else raises here, before a loader exists: a random sampler without a
+    generator (``ValueError``: its order comes from the global stream), or
+    sharing the loader's (``ValueError``), another kind (``TypeError``).
 
     The dataset must be map-style (``TypeError`` otherwise), and
     ``in_order=False`` is refused (``ValueError``): out-of-order batches have
