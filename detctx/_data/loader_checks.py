@@ -15,8 +15,7 @@ be one this loader can have produced. Anything else raises
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any, Final
 
 import torch
@@ -28,6 +27,15 @@ from detctx._data.samplers import (
     element_sampler,
     torchdata_samplers,
 )
+from detctx._data.untrusted import (
+    count,
+    entries,
+    generator_state,
+    keys_of,
+    nothing,
+    same_plain,
+    shown,
+)
 from detctx._sources import registered_sources
 from detctx._state import Snapshot
 
@@ -36,10 +44,6 @@ __all__ = [
     "check_draws",
     "check_position",
     "describe_loader",
-    "digest",
-    "generator_state",
-    "same_plain",
-    "shown",
 ]
 
 _SINGLE: Final = frozenset(
@@ -99,55 +103,12 @@ def describe_loader(loader: Any, rank: int, world_size: int) -> dict[str, Any]:
     }
 
 
-def digest(value: Any) -> str:
-    """A digest of plain data (dicts, lists, tensors, ints, floats, strings, bools, ``None``):
-    equal for equal data, whatever the key order; every part length-prefixed, so no two
-    different values run together into the same bytes."""
-    sink = hashlib.blake2b(digest_size=16)
-    _feed(sink, value)
-    return sink.hexdigest()
-
-
-def _feed(sink: Any, value: Any) -> None:
-    if isinstance(value, Mapping):
-        sink.update(b"d%d;" % len(value))
-        for key in sorted(value, key=repr):
-            _feed(sink, key)
-            _feed(sink, value[key])
-    elif isinstance(value, (list, tuple)):
-        sink.update(b"l%d;" % len(value))
-        for item in value:
-            _feed(sink, item)
-    elif isinstance(value, torch.Tensor):
-        data = value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-        shape = ",".join(map(str, value.shape))
-        sink.update(b"t%s;%s;%d;" % (str(value.dtype).encode(), shape.encode(), len(data)))
-        sink.update(data)
-    elif value is None or isinstance(value, (bool, int, float, str)):
-        text = f"{type(value).__name__}:{value!r}".encode()
-        sink.update(b"v%d;" % len(text) + text)
-    else:
-        raise CheckpointError(f"a loader state holds a {type(value).__name__}, not plain data")
-
-
-def same_plain(value: Any, expected: Any) -> bool:
-    """``value`` (from a checkpoint: maybe a tensor, a bool for an int) is ``expected``
-    (plain data: dicts, ints, bools, strings, ``None``), type for type."""
-    if type(value) is not type(expected):
-        return False
-    if isinstance(expected, Mapping):
-        return set(value) == set(expected) and all(
-            same_plain(value[key], expected[key]) for key in expected
-        )
-    return bool(value == expected)
-
-
 def check_configuration(saved: Any, live: Mapping[str, Any], where: str) -> None:
     """Raise unless the configuration a state was saved with is ``live``; name each difference."""
     if not isinstance(saved, Mapping) or set(saved) != set(live):
         raise CheckpointError(
             f"{where}['config'] is not one a resumable loader saves "
-            f"({_keys(saved)}; expected {sorted(live)})"
+            f"({keys_of(saved)}; expected {sorted(live)})"
         )
     differences = []
     for key, name in _SETTINGS.items():
@@ -180,57 +141,44 @@ def check_configuration(saved: Any, live: Mapping[str, Any], where: str) -> None
     )
 
 
-def generator_state(value: Any, where: str) -> torch.Tensor:
-    """``value`` if a CPU ``torch.Generator`` accepts it as its state, else raise."""
-    if not isinstance(value, torch.Tensor) or value.dtype != torch.uint8 or value.dim() != 1:
-        raise CheckpointError(
-            f"{where} is {shown(value)}; a CPU generator state is a 1-D uint8 tensor"
-        )
-    try:
-        torch.Generator().set_state(value)
-    except (RuntimeError, ValueError, TypeError) as exc:
-        raise CheckpointError(f"{where} is not a valid CPU generator state ({exc})") from None
-    return value
-
-
 def check_position(loader: Any, state: Any, config: Mapping[str, Any], where: str) -> None:
     """Raise unless ``state`` (torchdata's part) is a position this loader can have reached."""
     batches: int = config["batches"]
     if loader.num_workers == 0:
-        single = _entries(state, where, _SINGLE)
-        served = _count(single["_num_yielded"], f"{where}._num_yielded", 0, batches)
-        _count(single["_sampler_iter_yielded"], f"{where}._sampler_iter_yielded", served, served)
+        single = entries(state, where, _SINGLE)
+        served = count(single["_num_yielded"], f"{where}._num_yielded", 0, batches)
+        count(single["_sampler_iter_yielded"], f"{where}._sampler_iter_yielded", served, served)
         _finished(single["_iterator_finished"], f"{where}._iterator_finished", served, batches)
-        _nothing(single, where, ("_IterableDataset_len_called", "_shared_seed", "fetcher_state"))
+        nothing(single, where, ("_IterableDataset_len_called", "_shared_seed", "fetcher_state"))
         _dataset_state(loader, single["dataset_state"], f"{where}.dataset_state", in_worker=False)
         _sampler_states(loader, single, where, served, config)
         return
-    outer = _entries(state, where, _MULTI)
-    snapshot = _entries(outer["_snapshot"], f"{where}._snapshot", _SNAPSHOT)
+    outer = entries(state, where, _MULTI)
+    snapshot = entries(outer["_snapshot"], f"{where}._snapshot", _SNAPSHOT)
     here = f"{where}._snapshot"
-    step = _count(snapshot["_snapshot_step"], f"{here}._snapshot_step", 0, batches)
+    step = count(snapshot["_snapshot_step"], f"{here}._snapshot_step", 0, batches)
     since = outer["_steps_since_snapshot"]
-    since = _count(since, f"{where}._steps_since_snapshot", 0, batches - step)
+    since = count(since, f"{where}._steps_since_snapshot", 0, batches - step)
     _finished(outer["_iterator_finished"], f"{where}._iterator_finished", step + since, batches)
     workers = loader.num_workers
     last = snapshot["_last_yielded_worker_id"]
     # In order, worker k serves batches k, k + workers, ...; before any, the last is workers - 1.
     expected = (step - 1) % workers
-    _count(last, f"{here}._last_yielded_worker_id", expected, expected)
-    main = _entries(snapshot["_main_snapshot"], f"{here}._main_snapshot", _MAIN)
+    count(last, f"{here}._last_yielded_worker_id", expected, expected)
+    main = entries(snapshot["_main_snapshot"], f"{here}._main_snapshot", _MAIN)
     at = f"{here}._main_snapshot"
-    _count(main["_num_workers"], f"{at}._num_workers", workers, workers)
-    drawn = _count(main["_sampler_iter_yielded"], f"{at}._sampler_iter_yielded", step, batches)
-    _count(main["_base_seed"], f"{at}._base_seed", 0, _SEED_LIMIT - 1)
-    _nothing(main, at, ("_IterableDataset_len_called", "_shared_seed"))
+    count(main["_num_workers"], f"{at}._num_workers", workers, workers)
+    drawn = count(main["_sampler_iter_yielded"], f"{at}._sampler_iter_yielded", step, batches)
+    count(main["_base_seed"], f"{at}._base_seed", 0, _SEED_LIMIT - 1)
+    nothing(main, at, ("_IterableDataset_len_called", "_shared_seed"))
     _sampler_states(loader, main, at, drawn, config)
     keys = frozenset(f"worker_{index}" for index in range(workers))
-    states = _entries(snapshot["_worker_snapshots"], f"{here}._worker_snapshots", keys)
+    states = entries(snapshot["_worker_snapshots"], f"{here}._worker_snapshots", keys)
     for index in range(workers):
         path = f"{here}._worker_snapshots.worker_{index}"
-        worker = _entries(states[f"worker_{index}"], path, _WORKER)
-        _count(worker["worker_id"], f"{path}.worker_id", index, index)
-        _nothing(worker, path, ("fetcher_state",))
+        worker = entries(states[f"worker_{index}"], path, _WORKER)
+        count(worker["worker_id"], f"{path}.worker_id", index, index)
+        nothing(worker, path, ("fetcher_state",))
         _dataset_state(loader, worker["dataset_state"], f"{path}.dataset_state", in_worker=True)
 
 
@@ -302,7 +250,7 @@ def _sampler_states(
         return
     if not isinstance(batch_sampler, torchdata_samplers().BatchSampler):
         return  # the user's own batch sampler, with a state of its own
-    _nothing(state, where, ("_index_sampler_state",))
+    nothing(state, where, ("_index_sampler_state",))
     sampler = batch_sampler.sampler
     keys = {"samples_yielded"}
     if _stateful(sampler):
@@ -313,16 +261,16 @@ def _sampler_states(
     # A user's stateful sampler may or may not have a stateful iterator.
     maybe = _stateful(sampler) and not isinstance(sampler, _known_stateful())
     optional = frozenset({"sampler_iter_state"} if maybe else ())
-    entries = _entries(iter_state, at, frozenset(keys), optional)
+    parts = entries(iter_state, at, frozenset(keys), optional)
     total = config["sampler"]["length"]
     size = config["batch_size"]
     expected = min(drawn * size, total)
-    samples = entries["samples_yielded"]
+    samples = parts["samples_yielded"]
     ends = drawn == config["batches"] and type(samples) is int and samples == total
     if not ends:
-        _count(samples, f"{at}.samples_yielded", expected, expected)
+        count(samples, f"{at}.samples_yielded", expected, expected)
     _element_states(
-        sampler, entries.get("sampler_state"), entries.get("sampler_iter_state"), at, samples
+        sampler, parts.get("sampler_state"), parts.get("sampler_iter_state"), at, samples
     )
 
 
@@ -331,13 +279,13 @@ def _element_states(
 ) -> None:
     samplers = torchdata_samplers()
     if isinstance(sampler, samplers.StatefulDistributedSampler):
-        entries = _entries(sampler_state, f"{where}.sampler_state", frozenset({"yielded"}))
-        _count(entries["yielded"], f"{where}.sampler_state.yielded", samples, samples)
+        parts = entries(sampler_state, f"{where}.sampler_state", frozenset({"yielded"}))
+        count(parts["yielded"], f"{where}.sampler_state.yielded", samples, samples)
     elif isinstance(sampler, (samplers.RandomSampler, ReplayedSampler)):
         at = f"{where}.sampler_iter_state"
-        entries = _entries(iter_state, at, frozenset({"generator", "yielded"}))
-        _count(entries["yielded"], f"{at}.yielded", samples, samples)
-        generator_state(entries["generator"], f"{at}.generator")
+        parts = entries(iter_state, at, frozenset({"generator", "yielded"}))
+        count(parts["yielded"], f"{at}.yielded", samples, samples)
+        generator_state(parts["generator"], f"{at}.generator")
 
 
 def _known_stateful() -> tuple[type[Any], ...]:
@@ -355,39 +303,19 @@ def _stateful_iterator(sampler: Any) -> bool:
 
 
 def _dataset_state(loader: Any, value: Any, where: str, *, in_worker: bool) -> None:
-    entries = _entries(value, where, frozenset({"dataset", "rng"}))
+    parts = entries(value, where, frozenset({"dataset", "rng"}))
     inner = getattr(loader.dataset, "dataset", None)
     if not callable(getattr(inner, "state_dict", None)):
-        _nothing(entries, where, ("dataset",))
+        nothing(parts, where, ("dataset",))
     if not in_worker:
-        _nothing(entries, where, ("rng",))
+        nothing(parts, where, ("rng",))
         return
     try:
-        Snapshot.from_state_dict(entries["rng"], sources=list(registered_sources()))
+        Snapshot.from_state_dict(parts["rng"], sources=list(registered_sources()))
     except CheckpointError as exc:
         raise CheckpointError(f"{where}.rng, a worker's RNG states: {exc}") from None
     except Exception as exc:  # untrusted data: whatever a source's check raised on it
         raise CheckpointError(f"{where}.rng is not a worker's RNG states ({exc!r})") from None
-
-
-def _entries(
-    value: Any, where: str, keys: frozenset[str], optional: frozenset[str] = frozenset()
-) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping) or not keys <= set(value) <= keys | optional:
-        raise CheckpointError(
-            f"{where} holds {_keys(value)}; this loader saves {sorted(keys)} there: was the "
-            "state saved by a loader built differently, or edited?"
-        )
-    return value
-
-
-def _count(value: Any, where: str, low: int, high: int) -> int:
-    if type(value) is not int or not low <= value <= high:
-        span = f"{low}" if low == high else f"from {low} to {high}"
-        raise CheckpointError(
-            f"{where} is {shown(value)}; for this loader and position it is the int {span}"
-        )
-    return value
 
 
 def _finished(value: Any, where: str, served: int, batches: int) -> None:
@@ -396,25 +324,3 @@ def _finished(value: Any, where: str, served: int, batches: int) -> None:
             f"{where} is {shown(value)}; it is True only once all {batches} batches of the "
             f"epoch were served ({served} were)"
         )
-
-
-def _nothing(entries: Mapping[str, Any], where: str, keys: Iterable[str]) -> None:
-    for key in keys:
-        if entries[key] is not None:
-            raise CheckpointError(
-                f"{where}.{key} is {shown(entries[key])}; this loader saves None there"
-            )
-
-
-def _keys(value: Any) -> str:
-    if isinstance(value, Mapping):
-        return f"keys {sorted(map(str, value))}"
-    return f"a {type(value).__name__}"
-
-
-def shown(value: Any) -> str:
-    """``value`` read from a checkpoint, for a message: short, and a tensor by its kind."""
-    if isinstance(value, torch.Tensor):
-        return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
-    text = repr(value)
-    return f"{text[:60]}..." if len(text) > 60 else text

@@ -20,12 +20,9 @@ from detctx._data.loader_checks import (
     check_draws,
     check_position,
     describe_loader,
-    digest,
-    generator_state,
-    same_plain,
-    shown,
 )
 from detctx._data.samplers import element_sampler
+from detctx._data.untrusted import digest, generator_state, same_plain, shown
 
 __all__ = ["LOADER_FORMAT", "is_resumable", "resumable_class"]
 

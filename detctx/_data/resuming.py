@@ -37,9 +37,9 @@ from typing import Any, Final
 
 from detctx._basics import CheckpointError
 from detctx._data.loader import loader_generator, seed_worker
-from detctx._data.loader_checks import same_plain, shown
 from detctx._data.loader_state import LOADER_FORMAT, is_resumable, resumable_class
 from detctx._data.samplers import prepare_samplers
+from detctx._data.untrusted import same_plain, shown
 from detctx._data.worker_streams import WorkerStreams
 from detctx._state import Snapshot, capture
 
