@@ -66,6 +66,9 @@ def _build_class(base: Any) -> type[Any]:
         state it cannot resume exactly: see ``detctx.resumable_loader``."""
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
+            # The rank that built the loader: its generator and shard are that rank's
+            # (read first: a bad $RANK or $WORLD_SIZE fails before a loader exists).
+            self._placement = (current_rank(), current_world_size())
             super().__init__(*args, **kwargs)
             # The generator as it stood right after this epoch's iterator was made
             # (the order and the workers' base seed drawn), and the one to put back
@@ -80,8 +83,6 @@ def _build_class(base: Any) -> type[Any]:
             self._iterators_made = 0
             self._epoch_at_start: int | None = None
             self._epoch_to_restore: int | None = None
-            # The rank that built the loader: its generator and shard are that rank's.
-            self._placement = (current_rank(), current_world_size())
 
         def configuration(self) -> dict[str, Any]:
             """What decides the batches and where, as saved in ``state_dict()['config']``."""
