@@ -9,8 +9,10 @@ restored (``Invalid mt19937 state``, a dying worker, a bare
 configuration it was saved with (:func:`describe_loader`: workers, batch size,
 ``drop_last``, dataset length, sampler, rank and world size) must equal the
 live loader's, and every count, flag, seed and RNG state of the position must
-be one this loader can have produced. Anything else raises
-:class:`~detctx.CheckpointError` naming the entry and what it should be.
+be one this loader can have produced, and the generator's draws of the
+epoch, replayed, must lead from one saved generator state to the other
+(:func:`check_draws`). Anything else raises :class:`~detctx.CheckpointError`
+naming the entry and what it should be.
 """
 
 from __future__ import annotations
