@@ -40,6 +40,7 @@ def assert_each_change_refused_by_name(results: dict[str, str]) -> None:
 
 
 @pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")
 def test_a_state_saved_with_two_workers_batches_of_8_and_12_items_fits_only_that_loader() -> None:
     # Saved with num_workers=2, batch_size=8, 12 items, shuffle=True, rank 0 of 1; each
     # case builds the loader one step off and resumes it; nothing changes when refused.
