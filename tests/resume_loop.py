@@ -1,39 +1,90 @@
-"""A small training loop that checkpoints in the middle of an epoch, for the resume tests.
+"""A small training loop that checkpoints in the middle of an epoch: the resume matrix's runs.
 
-``python tests/resume_loop.py WORKERS STEPS OUT [--save-at N | --resume]
-[--world 2]`` trains ``STEPS`` steps in total and writes each rank's losses
-and final weights to ``OUT.rank<r>``. ``--save-at N`` also writes each
-rank's checkpoint after step ``N`` to ``OUT.rank<r>.ckpt`` (model,
-optimiser, step and ``detctx.resume_state(loader)``) and trains on;
-``--resume`` starts from that checkpoint instead. The dataset draws from
-torch, NumPy and Python in ``__getitem__``, the model has dropout, and the
-loader shuffles. With ``--world 2`` two forked ranks train one DDP model in
-a gloo group, each on its half of the data with its own streams
-(``per_rank=True``), and each saves and resumes its own state.
+``python tests/resume_loop.py DIR straight|resumed CELL [CELL ...]`` runs each
+cell (``SAMPLER-WORKERS``: ``shuffle-0``, ``random-2``, ``distributed-2p``, where
+``2p`` is 2 persistent workers) for 11 steps of a 20-sample dataset and writes
+each rank's losses, sample indices per step and final weights to
+``DIR/PHASE.CELL.rank<r>``. ``straight`` also writes each rank's checkpoint
+after step 5 (the second batch of the second epoch) to ``DIR/CELL.rank<r>.ckpt``
+(model, optimiser, step and ``detctx.resume_state(loader)``) and trains on;
+``resumed`` starts from that checkpoint, in this new process. The dataset
+draws from torch, NumPy and Python in ``__getitem__``, the model has dropout
+and Adam. The samplers:
+
+- ``shuffle``: the recipe of docs/resume.md, ``shuffle=True`` over this rank's
+  shard (``Subset(dataset, range(rank, 20, world))``);
+- ``distributed``: a ``DistributedSampler`` over the whole dataset, with
+  ``set_epoch`` at each epoch;
+- ``random``: a ``RandomSampler`` over the shard with a generator of its own.
+
+Under ``torchrun --nproc-per-node 2`` each cell trains one DDP model in a gloo
+group, and in the ``resumed`` phase rank 1 first tries rank 0's checkpoint,
+which must be refused with nothing changed (its message goes in the output).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Iterator
 from typing import Any
 
 import torch
-from helpers import NoisyPoints, fork_ranks
+from helpers import NoisyPoints
 
 import detctx
 
+SAMPLES = 20
+STEPS = 11
+SAVE_AT = 5
 
-def batches(loader: Any) -> Iterator[Any]:
-    """The loader's batches, epoch after epoch (a resumed loader first finishes its epoch)."""
+
+class Indexed(torch.utils.data.Dataset[tuple[int, torch.Tensor, torch.Tensor]]):
+    """``NoisyPoints`` with each item's index, to check which samples each rank read."""
+
+    def __init__(self) -> None:
+        self.points = NoisyPoints()
+
+    def __len__(self) -> int:
+        return len(self.points)
+
+    def __getitem__(self, index: int) -> tuple[int, torch.Tensor, torch.Tensor]:
+        return (index, *self.points[index])
+
+
+def batches(loader: Any, epoch: int) -> Iterator[Any]:
+    """The loader's batches from ``epoch`` on (a resumed loader first finishes its epoch)."""
     while True:
+        if isinstance(loader.sampler, torch.utils.data.DistributedSampler):
+            loader.sampler.set_epoch(epoch)
         yield from loader
+        epoch += 1
 
 
-def train(
-    workers: int, steps: int, save_at: int | None, checkpoint_path: str, resume: bool, world: int
-) -> dict[str, Any]:
-    rank = torch.distributed.get_rank() if world > 1 else 0
+def build_loader(cell: str, rank: int, world: int) -> Any:
+    dataset = Indexed()
+    shard = torch.utils.data.Subset(dataset, range(rank, SAMPLES, world))
+    sampler_kind, workers = cell.split("-")
+    common = {
+        "batch_size": 6 // world,
+        "num_workers": int(workers.rstrip("p")),
+        "persistent_workers": workers.endswith("p"),
+    }
+    if sampler_kind == "distributed":
+        sampler = torch.utils.data.DistributedSampler(
+            dataset, num_replicas=world, rank=rank, shuffle=True, seed=17
+        )
+        return detctx.resumable_loader(dataset, sampler=sampler, **common)
+    if sampler_kind == "random":
+        generator = torch.Generator().manual_seed(100 + rank)
+        sampler = torch.utils.data.RandomSampler(shard, generator=generator)
+        return detctx.resumable_loader(shard, sampler=sampler, **common)
+    return detctx.resumable_loader(shard, shuffle=True, **common)
+
+
+def train(directory: str, cell: str, resume: bool, rank: int, world: int) -> dict[str, Any]:
+    checkpoint_path = f"{directory}/{cell}.rank{rank}.ckpt"
+    result: dict[str, Any] = {"losses": [], "indices": []}
     with detctx.distributed_deterministic(seed=1234, per_rank=True):
         with detctx.deterministic(seed=0):  # the same initial weights on every rank
             model: torch.nn.Module = torch.nn.Sequential(
@@ -41,26 +92,26 @@ def train(
             )
         if world > 1:
             model = torch.nn.parallel.DistributedDataParallel(model)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-        shard = torch.utils.data.Subset(NoisyPoints(), range(rank, 20, world))
-        loader = detctx.resumable_loader(
-            shard, batch_size=6 // world, shuffle=True, num_workers=workers
-        )
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+        loader = build_loader(cell, rank, world)
         start = 0
         if resume:
+            if rank == 1:
+                result["other_rank"] = refusal_of(f"{directory}/{cell}.rank0.ckpt", loader)
             checkpoint = torch.load(checkpoint_path, weights_only=True)
             model.load_state_dict(checkpoint["model"])
             optimizer.load_state_dict(checkpoint["optimizer"])
             start = checkpoint["step"]
             detctx.resume(checkpoint["detctx"], loader)
-        losses = []
-        for step, (x, y) in zip(range(start, steps), batches(loader)):
+        stream = batches(loader, start // len(loader))
+        for step, (indices, x, y) in zip(range(start, STEPS), stream):
             optimizer.zero_grad()
             loss = torch.nn.functional.mse_loss(model(x), y)
             loss.backward()
             optimizer.step()
-            losses.append(loss.item())
-            if step + 1 == save_at:
+            result["losses"].append(loss.item())
+            result["indices"].append(indices.tolist())
+            if step + 1 == SAVE_AT and not resume:
                 checkpoint = {
                     "model": model.state_dict(),
                     "optimizer": optimizer.state_dict(),
@@ -68,45 +119,39 @@ def train(
                     "detctx": detctx.resume_state(loader),
                 }
                 torch.save(checkpoint, checkpoint_path)
-        return {"losses": losses, "weights": [p.detach().clone() for p in model.parameters()]}
+        result["weights"] = [p.detach().clone() for p in model.parameters()]
+        result["batches_per_epoch"] = len(loader)
+    return result
 
 
-def run_rank(rank: int, options: argparse.Namespace, port: int) -> None:
-    out = f"{options.out}.rank{rank}"
-    if options.world > 1:
-        store = torch.distributed.TCPStore("127.0.0.1", port, options.world, is_master=False)
-        torch.distributed.init_process_group(
-            "gloo", store=store, rank=rank, world_size=options.world
-        )
+def refusal_of(path: str, loader: Any) -> str:
+    """Resume ``loader`` from another rank's checkpoint: the refusal's message, nothing changed."""
+    before = detctx.fingerprint()
     try:
-        result = train(
-            options.workers,
-            options.steps,
-            options.save_at,
-            out + ".ckpt",
-            options.resume,
-            options.world,
-        )
-    finally:
-        if options.world > 1:
-            torch.distributed.destroy_process_group()
-    torch.save(result, out)
+        detctx.resume(torch.load(path, weights_only=True)["detctx"], loader)
+    except detctx.CheckpointError as exc:
+        unchanged = detctx.fingerprint() == before and loader.next_iter_state is None
+        return str(exc) if unchanged else f"CHANGED: {exc}"
+    return "ACCEPTED"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("workers", type=int)
-    parser.add_argument("steps", type=int)
-    parser.add_argument("out")
-    parser.add_argument("--save-at", type=int)
-    parser.add_argument("--resume", action="store_true")
-    parser.add_argument("--world", type=int, default=1)
+    parser.add_argument("directory")
+    parser.add_argument("phase", choices=["straight", "resumed"])
+    parser.add_argument("cells", nargs="+")
     options = parser.parse_args()
-    if options.world == 1:
-        run_rank(0, options, 0)
-        return
-    store = torch.distributed.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
-    fork_ranks(run_rank, options.world, options, store.port)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:  # under torchrun
+        torch.distributed.init_process_group("gloo")
+    rank = torch.distributed.get_rank() if world > 1 else 0
+    try:
+        for cell in options.cells:
+            result = train(options.directory, cell, options.phase == "resumed", rank, world)
+            torch.save(result, f"{options.directory}/{options.phase}.{cell}.rank{rank}")
+    finally:
+        if world > 1:
+            torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -221,3 +221,20 @@ def test_a_rank_variable_that_is_not_a_number_is_named(monkeypatch):
 
     with pytest.raises(ValueError, match=r"\$RANK='first'"):
         detctx.seed_worker(0)
+
+
+def test_the_world_size_a_loader_state_records_comes_from_torchrun_and_a_bad_value_is_named(
+    monkeypatch,
+):
+    from detctx._data.loader import current_world_size
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert current_world_size() == 1
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert current_world_size() == 4
+    monkeypatch.setenv("WORLD_SIZE", "two")
+    with pytest.raises(ValueError, match=r"\$WORLD_SIZE.*number of ranks"):
+        current_world_size()
+    pytest.importorskip("torchdata.stateful_dataloader")
+    with pytest.raises(ValueError, match=r"\$WORLD_SIZE"):
+        detctx.resumable_loader(AugmentedIndices(), batch_size=4)

@@ -1,86 +1,21 @@
-"""Resume anywhere in your own loop: a checkpoint in the middle of an epoch continues exactly."""
+"""Resume anywhere: a loader's position and the RNGs in one state, and a resumed loader serves the
+batches the straight one did (the loops in fresh processes are in test_resume_matrix.py)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from conftest import ROOT, TESTS, run_python
+from conftest import run_python
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from resume_loop import train
 
 import detctx
 from detctx import CheckpointError
 
 pytest.importorskip("torchdata.stateful_dataloader")
-
-RUN_TIMEOUT_S = 180
-
-
-def run_loop(out: Path, workers: int, *options: str) -> None:
-    """``tests/resume_loop.py``: 11 steps over 4-batch epochs, in a fresh process."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(TESTS)]), OMP_NUM_THREADS="1")
-    proc = subprocess.run(
-        [sys.executable, str(TESTS / "resume_loop.py"), str(workers), "11", str(out), *options],
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-        env=env,
-    )
-    assert proc.returncode == 0, f"the loop failed:\n{proc.stdout}\n{proc.stderr}"
-
-
-def straight_and_resumed(tmp_path: Path, workers: int, world: int) -> list[tuple[Any, Any]]:
-    """Per rank: (a straight run that checkpoints after step 5, the run resumed from there)."""
-    if world == 1:  # here: only the resumed run needs a fresh process
-        result = train(workers, 11, 5, str(tmp_path / "straight.rank0.ckpt"), False, 1)
-        torch.save(result, tmp_path / "straight.rank0")
-    else:
-        run_loop(tmp_path / "straight", workers, "--save-at", "5", "--world", str(world))
-    for rank in range(world):
-        checkpoint = tmp_path / f"straight.rank{rank}.ckpt"
-        (tmp_path / f"resumed.rank{rank}.ckpt").write_bytes(checkpoint.read_bytes())
-    run_loop(tmp_path / "resumed", workers, "--resume", "--world", str(world))
-    runs = ("straight", "resumed")
-    return [
-        tuple(torch.load(tmp_path / f"{run}.rank{rank}") for run in runs) for rank in range(world)
-    ]
-
-
-def assert_continues_bit_for_bit(straight: Any, resumed: Any) -> None:
-    assert len(resumed["losses"]) == 6
-    assert resumed["losses"] == straight["losses"][5:]
-    assert all(torch.equal(a, b) for a, b in zip(straight["weights"], resumed["weights"]))
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("workers", [0, 2])
-def test_a_loop_resumed_in_a_fresh_process_from_the_middle_of_an_epoch_continues_bit_for_bit(
-    tmp_path: Path, workers: int
-) -> None:
-    # Augmentation draws from torch, NumPy and Python (in the workers when there are
-    # some), the model has dropout; step 5 is the second batch of the second epoch and
-    # the resumed run crosses two epoch boundaries.
-    [(straight, resumed)] = straight_and_resumed(tmp_path, workers, world=1)
-    assert_continues_bit_for_bit(straight, resumed)
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is absent")
-def test_two_gloo_ranks_each_resume_their_own_streams_and_loader_position(tmp_path: Path) -> None:
-    # Each rank with two loader workers (the case nothing resumed before; with none,
-    # a seed-plus-epoch sampler did): its own shard, streams and worker streams.
-    ranks = straight_and_resumed(tmp_path, workers=2, world=2)
-    for straight, resumed in ranks:
-        assert_continues_bit_for_bit(straight, resumed)
-    (first, _), (second, _) = ranks
-    assert first["losses"] != second["losses"]  # each rank has its own data and streams
 
 
 class Shuffled(torch.utils.data.Dataset[torch.Tensor]):
@@ -119,12 +54,13 @@ def test_after_a_resume_the_next_epochs_shuffle_as_in_the_straight_run() -> None
             straight = build()
             iterator = iter(straight)
             next(iterator)
-            state = detctx.resume_state(straight)
+            state, streams = straight.state_dict(), detctx.capture()
             rest = [value for batch in iterator for value in batch.flatten().tolist()]
             following = epochs(straight, 2)
         with detctx.deterministic(seed=1):
             resumed = build()
-            detctx.resume(state, resumed)
+            resumed.load_state_dict(state)
+            streams.restore()
             resumed_rest = epochs(resumed, 1)[0]
             assert resumed_rest == rest
             assert (epochs(resumed, 2) == following) is same

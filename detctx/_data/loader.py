@@ -39,7 +39,7 @@ import torch
 from detctx._basics import parse_seed, validate_seed
 from detctx._sources import registered_sources
 
-__all__ = ["current_rank", "loader_generator", "seed_worker"]
+__all__ = ["current_rank", "current_world_size", "loader_generator", "seed_worker"]
 
 _LOADER_KEY: Final = zlib.crc32(b"detctx.loader_generator")
 _RANK_VARIABLES: Final = ("RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")
@@ -92,6 +92,21 @@ def current_rank() -> int:
                     "rank= to seed_worker and loader_generator"
                 ) from None
     return 0
+
+
+def current_world_size() -> int:
+    """The number of ranks: from ``torch.distributed`` when it is initialised, else
+    ``$WORLD_SIZE`` (torchrun), else 1."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return int(dist.get_world_size())
+    value = os.environ.get("WORLD_SIZE", "")
+    if not value.strip():
+        return 1
+    try:
+        return parse_seed(value, "$WORLD_SIZE")
+    except ValueError as exc:
+        raise ValueError(f"{exc}: it is read as the number of ranks; fix or unset it") from None
 
 
 def seed_worker(worker_id: int, rank: int | None = None) -> None:

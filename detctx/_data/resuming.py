@@ -18,8 +18,9 @@ loader leaves for bit-exact resumption:
       b = L(range(8), shuffle=True, generator=torch.Generator().manual_seed(0))
       b.load_state_dict(s); list(b); print(e1 == list(b))"         # False
 
-  The loader here keeps the generator state from right after the epoch's
-  iterator was made, and puts it back once the resumed iterator is made.
+  The loader (:mod:`detctx._data.loader_state`) keeps the generator state
+  from right after the epoch's iterator was made, and puts it back once the
+  resumed iterator is made.
 - Workers' RNG streams are not saved; :class:`detctx._data.worker_streams.WorkerStreams`
   rides them in each worker's dataset state.
 
@@ -30,40 +31,24 @@ loader leaves for bit-exact resumption:
 
 from __future__ import annotations
 
-import importlib
 import warnings
 from collections.abc import Mapping
 from typing import Any, Final
 
-import torch
-
-from detctx._basics import CheckpointError, MissingDependencyError
+from detctx._basics import CheckpointError
 from detctx._data.loader import loader_generator, seed_worker
+from detctx._data.loader_state import LOADER_FORMAT, is_resumable, resumable_class
+from detctx._data.samplers import prepare_samplers
+from detctx._data.untrusted import same_plain, shown
 from detctx._data.worker_streams import WorkerStreams
 from detctx._state import Snapshot, capture
 
 __all__ = ["LOADER_FORMAT", "RESUME_FORMAT", "resumable_loader", "resume", "resume_state"]
 
-LOADER_FORMAT: Final = "detctx.loader"
-"""The ``"format"`` entry of a resumable loader's ``state_dict()``."""
-
 RESUME_FORMAT: Final = "detctx.resume"
 """The ``"format"`` entry of :func:`resume_state`'s dict."""
 
 _VERSION: Final = 1
-_loader_class: type[Any] | None = None
-
-
-def _stateful_dataloader() -> type[Any]:
-    try:
-        module = importlib.import_module("torchdata.stateful_dataloader")
-    except ImportError as exc:
-        raise MissingDependencyError(
-            "resuming in the middle of an epoch needs torchdata's StatefulDataLoader: "
-            f"pip install 'detctx[resume]' (or pip install torchdata>=0.8) ({exc})"
-        ) from exc
-    loader: type[Any] = module.StatefulDataLoader
-    return loader
 
 
 def resumable_loader(dataset: Any, *args: Any, seed: int | None = None, **kwargs: Any) -> Any:
@@ -81,12 +66,26 @@ def resumable_loader(dataset: Any, *args: Any, seed: int | None = None, **kwargs
       torch CPU, registered sources) are part of the loader's state.
 
     ``state_dict()`` holds the sampler's position, each worker's streams
-    after the last batch the main process took from it, and the generator as
-    it stood after the current epoch's order was drawn; ``load_state_dict()``
-    makes the next ``iter()`` continue that epoch where it stopped, and
-    later epochs shuffle as they would have. Use it through
-    :func:`resume_state` / :func:`resume`, or hand it to a framework that
-    saves loaders with ``state_dict`` (Lightning 2.3+).
+    after the last batch the main process took from it, the generator as
+    it stood before and after the current epoch's draws, the sampler's epoch
+    and the configuration (workers, batch size, dataset length, sampler, rank
+    and world size); ``load_state_dict()`` checks all of it against this
+    loader (:class:`~detctx.CheckpointError` otherwise) and makes the next
+    ``iter()`` continue that epoch where it stopped, and later epochs shuffle
+    as they would have. Use it through :func:`resume_state` / :func:`resume`,
+    or hand it to a framework that saves loaders with ``state_dict``
+    (Lightning 2.3+).
+
+    ``sampler=``: torch's ``RandomSampler`` (with or without replacement),
+    ``SubsetRandomSampler`` and ``WeightedRandomSampler`` with a generator of
+    their own resume by replaying their epoch from its start; a
+    ``DistributedSampler`` or ``SequentialSampler`` resumes as it is (the
+    epoch is saved); a sampler with ``state_dict`` / ``load_state_dict``
+    answers for itself. ``batch_sampler=``: torch's ``BatchSampler`` around
+    one of those, or one with ``state_dict`` / ``load_state_dict``. Anything
+    else raises here, before a loader exists: a random sampler without a
+    generator (``ValueError``: its order comes from the global stream), or
+    sharing the loader's (``ValueError``), another kind (``TypeError``).
 
     The dataset must be map-style (``TypeError`` otherwise), and
     ``in_order=False`` is refused (``ValueError``): out-of-order batches have
@@ -105,7 +104,8 @@ def resumable_loader(dataset: Any, *args: Any, seed: int | None = None, **kwargs
         raise TypeError("pass either seed= or generator= to resumable_loader, not both")
     if kwargs.get("worker_init_fn") is None:
         kwargs["worker_init_fn"] = seed_worker
-    loader_class = _class()
+    loader_class = resumable_class()
+    prepare_samplers(kwargs)
     with warnings.catch_warnings():
         # torchdata 0.11 calls torch.set_vital on every construction, which torch 2.13
         # deprecates: python -W error -c "from torchdata.stateful_dataloader import
@@ -119,14 +119,15 @@ def resume_state(*loaders: Any) -> dict[str, Any]:
 
     ``{"format": "detctx.resume", "version": 1, "rng": ..., "loaders": [...]}``:
     every RNG of this process (``detctx.capture().state_dict()``) and each
-    loader's ``state_dict()``. Save it with the model and optimiser; it
-    loads with ``torch.load(..., weights_only=True)``::
+    loader's ``state_dict()`` (its position, and the configuration and rank it
+    was saved with, which :func:`resume` checks). Save it with the model and
+    optimiser, one file per rank; it loads with
+    ``torch.load(..., weights_only=True)``::
 
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                     "detctx": detctx.resume_state(loader)}, path)
     """
-    for loader in loaders:
-        _check_stateful(loader)
+    _check_loaders(loaders)
     return {
         "format": RESUME_FORMAT,
         "version": _VERSION,
@@ -139,28 +140,33 @@ def resume(state: Mapping[str, Any], *loaders: Any, strict: bool = True) -> None
     """Continue from :func:`resume_state`'s dict: every RNG now, each loader at its next ``iter()``.
 
     ``loaders`` are the same loaders, in the same order, built the same way
-    as in the run that saved ``state``. Everything is checked first: a dict
-    of another format or version, a different number of loaders, a loader
-    state that is not a resumable loader's, or RNG states that do not fit
-    this process's sources (see :meth:`detctx.Snapshot.from_state_dict`;
-    ``strict=False`` skips sources either side lacks) raise
-    :class:`~detctx.CheckpointError` with nothing changed::
+    as in the run that saved ``state``. Everything is checked first, and
+    :class:`~detctx.CheckpointError` is raised with nothing changed (RNGs and
+    loaders alike) for: a dict of another format or version; a different
+    number of loaders, or one loader passed twice; a loader in the middle of
+    an epoch (an iterator of it is live); a loader built differently (its
+    ``num_workers``, batch size, ``drop_last``, dataset length or sampler) or
+    on another rank or world size than the one that saved the state, named
+    in the message; any count, seed or RNG state of a loader's position that
+    this loader cannot have reached; RNG states that do not fit this
+    process's sources (see :meth:`detctx.Snapshot.from_state_dict`;
+    ``strict=False`` skips sources either side lacks). If restoring an RNG
+    raises, the loaders are put back as they were too::
 
         checkpoint = torch.load(path, weights_only=True)
         model.load_state_dict(checkpoint["model"])
         detctx.resume(checkpoint["detctx"], loader)
     """
-    for loader in loaders:
-        _check_stateful(loader)
-    if not isinstance(state, Mapping) or state.get("format") != RESUME_FORMAT:
+    _check_loaders(loaders)
+    if not isinstance(state, Mapping) or not same_plain(state.get("format"), RESUME_FORMAT):
         raise CheckpointError(
             f"not a detctx resume state (no 'format': {RESUME_FORMAT!r} entry); pass the dict "
             "detctx.resume_state() returned"
         )
-    if state.get("version") != _VERSION:
+    if not same_plain(state.get("version"), _VERSION):
         raise CheckpointError(
-            f"the resume state has version {state.get('version')!r}; this detctx reads version "
-            f"{_VERSION}: resume with the detctx version that saved it"
+            f"the resume state has version {shown(state.get('version'))}; this detctx reads "
+            f"version {_VERSION}: resume with the detctx version that saved it"
         )
     saved = state.get("loaders")
     if not isinstance(saved, list) or len(saved) != len(loaders):
@@ -169,108 +175,35 @@ def resume(state: Mapping[str, Any], *loaders: Any, strict: bool = True) -> None
             f"the resume state holds {count} loader state(s) but {len(loaders)} loader(s) were "
             "passed: pass the loaders the run was saved with, in the same order"
         )
-    snapshot = Snapshot.from_state_dict(state.get("rng", {}), strict=strict)
-    for loader, loader_state in zip(loaders, saved):
-        checker = getattr(loader, "check_state", None)
-        if checker is not None:
-            checker(loader_state)
-    for loader, loader_state in zip(loaders, saved):
-        loader.load_state_dict(loader_state)
-    snapshot.restore()
-
-
-def _check_stateful(loader: Any) -> None:
-    methods = (getattr(loader, "state_dict", None), getattr(loader, "load_state_dict", None))
-    if not all(callable(method) for method in methods):
-        raise TypeError(
-            f"{type(loader).__name__} has no state_dict/load_state_dict, so its position cannot be "
-            "saved: build it with detctx.resumable_loader(dataset, ...)"
+    if not isinstance(state.get("rng"), Mapping):
+        raise CheckpointError(
+            f"the resume state's 'rng' is {type(state.get('rng')).__name__}, not the dict of RNG "
+            "states resume_state saves"
         )
+    snapshot = Snapshot.from_state_dict(state["rng"], strict=strict)
+    for index, (loader, loader_state) in enumerate(zip(loaders, saved)):
+        loader.check_state(loader_state, where=f"state['loaders'][{index}]")
+    pending = [loader.pending() for loader in loaders]
+    try:
+        for loader, loader_state in zip(loaders, saved):
+            loader.load_checked(loader_state)
+        snapshot.restore()  # atomic: a source that raises leaves every RNG as it was
+    except BaseException:
+        for loader, before in zip(loaders, pending):
+            loader.put_back(before)
+        raise
 
 
-def _class() -> type[Any]:
-    global _loader_class
-    if _loader_class is None:
-        _loader_class = _build_class(_stateful_dataloader())
-    return _loader_class
-
-
-def _build_class(base: Any) -> type[Any]:
-    class ResumableLoader(base):  # type: ignore[misc]
-        """A ``torchdata`` ``StatefulDataLoader`` that resumes bit for bit: see
-        ``detctx.resumable_loader``."""
-
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            # The generator as it stood right after this epoch's iterator was made
-            # (the order and the workers' base seed drawn), and the one to put back
-            # when the iterator of a loaded state is made.
-            self._generator_at_start: torch.Tensor | None = None
-            self._generator_to_restore: torch.Tensor | None = None
-
-        def state_dict(self) -> dict[str, Any]:
-            position = super().state_dict()
-            generator = self._generator_at_start
-            if generator is None and self.generator is not None:
-                generator = self.generator.get_state()
-            return {
-                "format": LOADER_FORMAT,
-                "version": _VERSION,
-                "loader": position,
-                "generator": generator,
-            }
-
-        def check_state(self, state: Any) -> None:
-            """Raise :class:`~detctx.CheckpointError` unless ``state`` is this loader's kind."""
-            if not isinstance(state, Mapping) or state.get("format") != LOADER_FORMAT:
-                raise CheckpointError(
-                    "the loader state was not saved by a detctx resumable loader (no 'format': "
-                    f"{LOADER_FORMAT!r} entry)"
-                )
-            if state.get("version") != _VERSION:
-                raise CheckpointError(
-                    f"the loader state has version {state.get('version')!r}; this detctx reads "
-                    f"version {_VERSION}"
-                )
-            generator = state.get("generator")
-            if self.generator is not None and generator is not None:
-                expected = self.generator.get_state()
-                if (
-                    not isinstance(generator, torch.Tensor)
-                    or generator.dtype != expected.dtype
-                    or generator.shape != expected.shape
-                ):
-                    raise CheckpointError(
-                        "the loader state's generator state does not fit this loader's generator "
-                        f"(a {expected.dtype} tensor of shape {tuple(expected.shape)})"
-                    )
-            if not isinstance(state.get("loader"), Mapping):
-                raise CheckpointError("the loader state has no 'loader' position")
-
-        def load_state_dict(self, state: Mapping[str, Any]) -> None:
-            self.check_state(state)
-            super().load_state_dict(dict(state["loader"]))
-            self._generator_to_restore = state["generator"]
-
-        def _get_iterator(self) -> Any:
-            resuming = self.next_iter_state is not None
-            iterator = super()._get_iterator()
-            if resuming and self._generator_to_restore is not None and self.generator is not None:
-                self.generator.set_state(self._generator_to_restore)
-            self._generator_to_restore = None
-            self._record_start()
-            return iterator
-
-        def __iter__(self) -> Any:
-            iterator = super().__iter__()
-            # Persistent workers start an epoch without a new iterator (the old one is reset).
-            self._record_start()
-            return iterator
-
-        def _record_start(self) -> None:
-            if self.generator is not None:
-                self._generator_at_start = self.generator.get_state()
-
-    ResumableLoader.__module__ = __name__
-    ResumableLoader.__qualname__ = "ResumableLoader"
-    return ResumableLoader
+def _check_loaders(loaders: tuple[Any, ...]) -> None:
+    for index, loader in enumerate(loaders):
+        if not is_resumable(loader):
+            raise TypeError(
+                f"{type(loader).__name__} is not a resumable loader, so its position cannot be "
+                "saved and checked: build it with detctx.resumable_loader(dataset, ...)"
+            )
+        first = next(i for i, other in enumerate(loaders) if other is loader)
+        if first != index:
+            raise CheckpointError(
+                f"the same loader is passed twice (loaders {first} and {index}); each loader "
+                "has one position: pass each once, in the order they were saved"
+            )
