@@ -19,6 +19,7 @@ from detctx._basics.errors import (
     SeedAgreementError,
     SeedMismatchError,
     TraceError,
+    UndeclaredStreamError,
 )
 from detctx._basics.seeds import (
     DEFAULT_SEED,
@@ -27,6 +28,7 @@ from detctx._basics.seeds import (
     as_integer,
     derive_seed,
     group_seed,
+    indexed_seed,
     parse_seed,
     resolve_seed,
     validate_seed,
@@ -48,9 +50,11 @@ __all__ = [
     "SeedAgreementError",
     "SeedMismatchError",
     "TraceError",
+    "UndeclaredStreamError",
     "as_integer",
     "derive_seed",
     "group_seed",
+    "indexed_seed",
     "parse_seed",
     "resolve_seed",
     "same_float",

@@ -16,6 +16,7 @@ __all__ = [
     "derive_seed",
     "fresh_seed",
     "group_seed",
+    "indexed_seed",
     "parse_seed",
     "resolve_seed",
     "validate_seed",
@@ -139,6 +140,21 @@ def derive_seed(seed: int, *key: int) -> int:
     spawn_key = tuple(validate_seed(k, "spawn key element") for k in key)
     state = np.random.SeedSequence(seed, spawn_key=spawn_key).generate_state(1, np.uint32)
     return int(state[0])
+
+
+def indexed_seed(base: int, index: int) -> int:
+    """The seed of item ``index`` of a family of streams keyed by ``base``, in about 1 us.
+
+    ``base`` is a seed from :func:`derive_seed` (``derive_seed(s, epoch)``:
+    one per epoch) and ``index`` any integer in ``[0, 2**64 - 1]`` (a
+    sample's index). ``(base, index)`` is hashed with BLAKE2b, so items do not
+    collide in practice and the result is the same on every machine. It is
+    :func:`derive_seed` for callers that need one seed per sample:
+    ``SeedSequence`` costs about 16 us a call, and a loader seeds every
+    sample it reads.
+    """
+    word = (base << 64 | index).to_bytes(12, "little")
+    return int.from_bytes(hashlib.blake2b(word, digest_size=4).digest(), "little")
 
 
 def group_seed(seed: int, **coordinates: int) -> int:
