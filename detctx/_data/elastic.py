@@ -258,6 +258,10 @@ def elastic_loader(
             ElasticSamples(dataset, keys),
             batch_sampler=batches,
             collate_fn=ElasticCollate(collate_fn, keys),
+            # Its own generator: every DataLoader iterator draws a base seed for its workers,
+            # from torch's global stream when it has none, and a resumed run makes one
+            # iterator more than the straight run (the keyed streams make the draw moot).
+            generator=torch.Generator().manual_seed(seed),
             **loader_options,
         )
     return ElasticLoader(loader, batches)

@@ -111,13 +111,16 @@ class Keys:
         chosen, others = self.sources()
         in_worker = torch.utils.data.get_worker_info() is not None
         watched = others if others and what not in self._checked else []
-        before = Snapshot.capture(watched).source_fingerprints() if watched else {}
+        saved = Snapshot.capture(watched) if watched else None
         with keyed_streams(chosen, put_back=not in_worker) as reseed:
             yield reseed
-        if watched:
+        if saved is not None:
+            before = saved.source_fingerprints()
             after = Snapshot.capture(watched).source_fingerprints()
             moved = sorted(name for name in before if before[name] != after[name])
             if moved:
+                if not in_worker:
+                    saved.restore()
                 raise UndeclaredStreamError(
                     f"the {what} drew from {moved}, which streams={list(self.streams or ())} "
                     "leaves out: those draws would depend on which worker or rank loaded the "
