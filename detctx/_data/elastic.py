@@ -96,8 +96,7 @@ class ElasticLoader:
         position = self.position
         position.generation += 1
         generation, epoch, start = position.generation, position.epoch, position.consumed
-        afters = (after for after, _ in self.batches.steps(epoch, start))
-        for batch, after in zip(self.loader, afters):
+        for batch, after in zip(self.loader, self.batches.afters(start)):
             if position.generation != generation:
                 return  # the position was set anew: this iterator is stale
             position.consumed = after

@@ -98,20 +98,22 @@ class ElasticBatches(torch.utils.data.Sampler[list[SampleKey]]):
             return self.length
         return start + (self.length - start) // self.global_batch * self.global_batch
 
-    def steps(self, epoch: int, start: int) -> Iterator[tuple[int, list[SampleKey]]]:
-        """``(the position after the step, this rank's keys)`` for each step from ``start``."""
+    def afters(self, start: int) -> Iterator[int]:
+        """The position after each step of an epoch resumed at ``start``, over every rank."""
+        end = self.end(start)
+        return (
+            min(first + self.global_batch, end) for first in range(start, end, self.global_batch)
+        )
+
+    def __iter__(self) -> Iterator[list[SampleKey]]:
+        epoch, start = self.position.epoch, self.position.consumed
         order = self.order(epoch)
         end = self.end(start)
         for first in range(start, end, self.global_batch):
-            after = min(first + self.global_batch, end)
             mine = first + self.rank * self.batch_size
-            positions = range(mine, min(mine + self.batch_size, after))
-            keys = [(epoch, position, int(order[position])) for position in positions]
-            yield after, keys
-
-    def __iter__(self) -> Iterator[list[SampleKey]]:
-        for _, keys in self.steps(self.position.epoch, self.position.consumed):
-            yield keys
+            stop = min(mine + self.batch_size, first + self.global_batch, end)
+            indices = order[mine:stop].tolist()
+            yield [(epoch, mine + offset, index) for offset, index in enumerate(indices)]
 
     def __len__(self) -> int:
         """Batches in a whole epoch on this rank."""

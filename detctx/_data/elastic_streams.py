@@ -64,9 +64,9 @@ class Keys:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["seed"], state["streams"])  # type: ignore[misc]
 
-    def sample_seed(self, epoch: int, index: int) -> int:
-        """The seed of sample ``index`` in ``epoch``."""
-        return indexed_seed(self._base(_SAMPLE_KEY, epoch), index)
+    def sample_base(self, epoch: int) -> int:
+        """The base of ``epoch``'s sample seeds: sample ``i``'s is ``indexed_seed(base, i)``."""
+        return self._base(_SAMPLE_KEY, epoch)
 
     def collate_seed(self, epoch: int, position: int) -> int:
         """The seed of the batch that starts at ``position`` of ``epoch``'s order."""
@@ -167,9 +167,12 @@ class ElasticSamples(torch.utils.data.Dataset[Any]):
         if not keys:
             raise ValueError("an elastic batch needs at least one sample key")
         epoch, first, _ = keys[0]
+        base = self.keys.sample_base(epoch)
+        if any(key[0] != epoch for key in keys):
+            raise ValueError(f"an elastic batch holds samples of more than one epoch: {keys}")
         with self.keys.world("dataset's __getitem__") as reseed:
-            for key_epoch, _, index in keys:
-                reseed(self.keys.sample_seed(key_epoch, index))
+            for _, _, index in keys:
+                reseed(indexed_seed(base, index))
                 batch.append(self.dataset[index])
         batch.key = (epoch, first)
         return batch
