@@ -71,7 +71,10 @@ def main() -> None:
         while True:
             yield from loader
 
-    for step, (index, x, y) in zip(range(start, options.steps), batches()):
+    stream = batches()
+    for step in range(start, options.steps):
+        epoch = loader.epoch  # the epoch of the next batch
+        index, x, y = next(stream)
         optimizer.zero_grad()
         loss = torch.nn.functional.mse_loss(ddp(x), y)
         loss.backward()
@@ -81,7 +84,7 @@ def main() -> None:
         torch.distributed.all_gather_object(parts, (mine, loss.item()))
         samples = [sample for part, _ in parts for sample in part]
         global_loss = sum(part_loss for _, part_loss in parts) / world
-        steps.append({"step": step, "epoch": loader.epoch, "samples": samples, "loss": global_loss})
+        steps.append({"step": step, "epoch": epoch, "samples": samples, "loss": global_loss})
         if step + 1 == options.save_at and rank == 0:
             torch.save(
                 {

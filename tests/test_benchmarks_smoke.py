@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-SINGLE_PROCESS = ("block", "seed_all", "steps", "snapshot", "numpy_floor", "locate")
+SINGLE_PROCESS = ("block", "seed_all", "steps", "snapshot", "numpy_floor", "locate", "elastic")
 START_UP = ("first_block", "pytest_startup")
 
 
@@ -60,6 +60,7 @@ def test_quick_run_of_the_single_process_scenarios_writes_every_row(tmp_path: Pa
     assert "## Floor of a full block, by part" in text
     assert "decorated coroutine await" in text and "decorated generator step" in text
     assert "recorded demo training step" in text and "recorded model step alone" in text
+    assert 'elastic_loader(streams=["torch"])' in text
 
 
 def test_the_start_up_scenarios_compare_against_torch_and_pytest_without_the_plugin(

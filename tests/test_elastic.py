@@ -237,6 +237,8 @@ def test_the_loader_state_loads_with_weights_only_and_says_where_it_stands(
     ]
     assert [len(batch[0]) for batch in stream] == [2]  # the epoch's rest
     assert (loader.epoch, loader.consumed) == (1, 0)
+    assert [len(batch[0]) for batch in loader] == [4, 4, 2]  # one iterator, one epoch
+    assert (loader.epoch, loader.consumed) == (2, 0)
 
 
 def test_a_bad_or_foreign_loader_state_is_refused_with_the_position_unchanged() -> None:

@@ -54,8 +54,10 @@ class ElasticLoader:
     """A loader whose batches do not depend on ``num_workers``, and whose position is one number.
 
     Built by :func:`elastic_loader`. Iterating it continues the current
-    epoch from its position (a new loader: epoch 0 from the start); when an
-    epoch is used up, the position moves to the next epoch's start.
+    epoch from its position (a new loader: epoch 0 from the start); the
+    epoch's last batch moves the position to the next epoch's start, so
+    ``loader.epoch`` is the epoch of the next batch and one iterator is one
+    epoch, or the rest of one.
     ``state_dict()`` is ``{"format": "detctx.elastic", "version": 1, "seed",
     "shuffle", "length", "epoch", "consumed"}`` (plain ints, bools and
     strings); ``load_state_dict()`` checks every entry first. Attributes a
@@ -94,15 +96,21 @@ class ElasticLoader:
 
     def __iter__(self) -> Iterator[Any]:
         position = self.position
+        if self.batches.end(position.consumed) == position.consumed:
+            # Nothing left of this epoch (a resume with a larger global batch and
+            # drop_last): this iterator is the next epoch's.
+            position.move_to(position.epoch + 1, 0)
         position.generation += 1
         generation, epoch, start = position.generation, position.epoch, position.consumed
+        end = self.batches.end(start)
         for batch, after in zip(self.loader, self.batches.afters(start)):
             if position.generation != generation:
                 return  # the position was set anew: this iterator is stale
-            position.consumed = after
+            # The last batch of an epoch moves the position to the next epoch's start, as
+            # frameworks (Lightning, the Trainer) make one iterator per epoch and stop
+            # after len(loader) batches, without asking for the end.
+            position.epoch, position.consumed = (epoch + 1, 0) if after == end else (epoch, after)
             yield batch
-        if position.generation == generation:
-            position.move_to(epoch + 1, 0)
 
     def state_dict(self) -> dict[str, Any]:
         """The position, with what it is a position in (seed, order, dataset length)."""

@@ -106,7 +106,12 @@ class ElasticBatches(torch.utils.data.Sampler[list[SampleKey]]):
         )
 
     def __iter__(self) -> Iterator[list[SampleKey]]:
-        epoch, start = self.position.epoch, self.position.consumed
+        # The position is read now, not at the first batch: a DataLoader makes this
+        # iterator before it fetches anything.
+        return self.keys(self.position.epoch, self.position.consumed)
+
+    def keys(self, epoch: int, start: int) -> Iterator[list[SampleKey]]:
+        """This rank's keys for each step of ``epoch`` from ``start``."""
         order = self.order(epoch)
         end = self.end(start)
         for first in range(start, end, self.global_batch):
