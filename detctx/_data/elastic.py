@@ -262,9 +262,9 @@ def elastic_loader(
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
         loader = torch.utils.data.DataLoader(
-            ElasticSamples(dataset, keys),
+            ElasticSamples(dataset, keys, collate_fn),
             batch_sampler=batches,
-            collate_fn=ElasticCollate(collate_fn, keys),
+            collate_fn=ElasticCollate(collate_fn),
             # Its own generator: every DataLoader iterator draws a base seed for its workers,
             # from torch's global stream when it has none, and a resumed run makes one
             # iterator more than the straight run (the keyed streams make the draw moot).

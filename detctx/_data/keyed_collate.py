@@ -42,9 +42,11 @@ def keyed_streams(sources: Sources, *, put_back: bool = True) -> Iterator[Callab
     that matters) nothing is captured: a capture costs more than the seeding.
     """
 
+    seeders = [source.seed for _, source in sources]
+
     def reseed(seed: int) -> None:
-        for _, source in sources:
-            source.seed(seed)
+        for seeder in seeders:
+            seeder(seed)
 
     capture: Callable[[], Any] = (lambda: Snapshot.capture(sources)) if put_back else _Kept
     # One transaction, as a block's: a Ctrl-C lands before the keyed world is in force or
@@ -56,7 +58,8 @@ def keyed_streams(sources: Sources, *, put_back: bool = True) -> Iterator[Callab
         undo=lambda saved: transaction.end(saved.restore_each),
     )
     try:
-        yield reseed
+        # One source (streams=["torch"]): its own seed method, without a loop per call.
+        yield seeders[0] if len(seeders) == 1 else reseed
     finally:
         transaction.end(before.restore_each)
 
