@@ -85,6 +85,14 @@ def test_a_straight_run_with_no_workers_equals_one_with_three(tmp_path: Path) ->
     assert all(torch.equal(a, b) for a, b in zip(none["weights"], three["weights"]))
 
 
+def test_persistent_workers_load_the_same_epochs_as_the_main_process() -> None:
+    def epochs(**options: Any) -> list[Any]:
+        loader = detctx.elastic_loader(Indexed(10), batch_size=3, seed=2, **options)
+        return [[t.tolist() for t in batch] for _ in range(3) for batch in loader]
+
+    assert epochs(num_workers=2, persistent_workers=True) == epochs()
+
+
 class Indexed(torch.utils.data.Dataset[tuple[int, float, float, float]]):
     """``size`` samples, each its index and one draw from torch, NumPy and Python."""
 
