@@ -176,7 +176,7 @@ def run(settings: Settings) -> Result:
                 stats["elastic torch"],
                 "floor: the same DataLoader, torch's generator seeded before each sample",
                 stats["floor"],
-                note="the floor pays torch's seeding per sample (about 1.3 us of CPU with its first draw)",
+                note="the floor pays torch's seeding per sample (about 1.3 us of CPU)",
             ),
             Row(
                 SCENARIO,

@@ -289,6 +289,7 @@ def test_bad_loader_arguments_are_refused_when_it_is_built() -> None:
         (TypeError, "both rank= and world_size=", dataset, {"rank": 0}),
         (ValueError, "rank must be in", dataset, {"rank": 2, "world_size": 2}),
         (ValueError, "drop_last=True", dataset, {"rank": 0, "world_size": 2}),
+        (ValueError, "every epoch would be empty", dataset, {"batch_size": 7, "drop_last": True}),
         (ValueError, "not registered", dataset, {"streams": ["torch", "cuda"]}),
         (TypeError, "sequence of source names", dataset, {"streams": "torch"}),
         (ValueError, "twice", dataset, {"streams": ["torch", "torch"]}),

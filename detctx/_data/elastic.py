@@ -239,6 +239,11 @@ def elastic_loader(
             f"world_size * batch_size would leave some ranks without a batch, and a "
             "collective waiting for them"
         )
+    if drop_last and length < size * world_size:
+        raise ValueError(
+            f"with drop_last=True a dataset of {length} samples has no whole global batch of "
+            f"world_size * batch_size = {size * world_size}: every epoch would be empty"
+        )
     chosen = _streams(streams)
     if collate_fn is None:
         collate_fn = torch.utils.data.default_collate
