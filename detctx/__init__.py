@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         SeedAgreementError,
         SeedMismatchError,
         TraceError,
+        UndeclaredStreamError,
         derive_seed,
         group_seed,
     )
@@ -41,7 +42,15 @@ if TYPE_CHECKING:
         open_blocks,
         seed_all,
     )
-    from detctx._data import loader_generator, resumable_loader, resume, resume_state, seed_worker
+    from detctx._data import (
+        ElasticLoader,
+        elastic_loader,
+        loader_generator,
+        resumable_loader,
+        resume,
+        resume_state,
+        seed_worker,
+    )
     from detctx._environment import EnvSwitchOptions
     from detctx._locate import Divergence, locate_divergence
     from detctx._proving import (
@@ -92,6 +101,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "Seeding",
     ),
     "detctx._data": (
+        "ElasticLoader",
+        "elastic_loader",
         "loader_generator",
         "seed_worker",
         "resumable_loader",
@@ -119,6 +130,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "SeedAgreementError",
         "SeedMismatchError",
         "TraceError",
+        "UndeclaredStreamError",
         "DEFAULT_SEED",
         "SEED_ENV",
         "derive_seed",
@@ -174,6 +186,7 @@ __all__ = [
     "DistributedRun",
     "DistributedSeeding",
     "Divergence",
+    "ElasticLoader",
     "EnvSwitchOptions",
     "MetricsError",
     "MissingDependencyError",
@@ -193,6 +206,7 @@ __all__ = [
     "Snapshot",
     "SwitchOptions",
     "TraceError",
+    "UndeclaredStreamError",
     "__version__",
     "agree_seed",
     "capture",
@@ -204,6 +218,7 @@ __all__ = [
     "deterministic_region",
     "diagnose",
     "distributed_deterministic",
+    "elastic_loader",
     "fingerprint",
     "group_seed",
     "loader_generator",

@@ -19,6 +19,7 @@ from detctx._basics.errors import (
     SeedAgreementError,
     SeedMismatchError,
     TraceError,
+    UndeclaredStreamError,
 )
 from detctx._basics.seeds import (
     CAUSES_OF_A_DIFFERENT_START,
@@ -28,6 +29,7 @@ from detctx._basics.seeds import (
     as_integer,
     derive_seed,
     group_seed,
+    indexed_seeds,
     parse_seed,
     resolve_seed,
     validate_seed,
@@ -50,9 +52,11 @@ __all__ = [
     "SeedAgreementError",
     "SeedMismatchError",
     "TraceError",
+    "UndeclaredStreamError",
     "as_integer",
     "derive_seed",
     "group_seed",
+    "indexed_seeds",
     "parse_seed",
     "resolve_seed",
     "same_float",

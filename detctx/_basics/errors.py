@@ -15,6 +15,7 @@ __all__ = [
     "SeedAgreementError",
     "SeedMismatchError",
     "TraceError",
+    "UndeclaredStreamError",
 ]
 
 
@@ -171,3 +172,13 @@ class SeedAgreementError(DetctxError, RuntimeError):
         super().__init__(message)
         self.missing = missing
         self.failed = {} if failed is None else failed
+
+
+class UndeclaredStreamError(DetctxError, RuntimeError):
+    """An elastic loader's dataset or collator drew from an RNG stream its ``streams=`` left out.
+
+    ``detctx.elastic_loader(..., streams=("torch",))`` seeds only the named
+    streams for each sample; a draw from another one would depend on which
+    worker loaded the sample. The first batch each process loads is checked;
+    the message names the streams to add.
+    """

@@ -17,16 +17,58 @@ from __future__ import annotations
 
 import hashlib
 import pickle
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 import torch
 
-from detctx._sources import registered_sources
+from detctx._sources import RNGSource, registered_sources
 from detctx._state import Snapshot, transaction
 
-__all__ = ["KeyedCollate", "content_digest"]
+__all__ = ["KeyedCollate", "content_digest", "keyed_streams"]
+
+Sources = list[tuple[str, RNGSource]]
+
+
+@contextmanager
+def keyed_streams(sources: Sources, *, put_back: bool = True) -> Iterator[Callable[[int], None]]:
+    """One transaction in which ``reseed(seed)`` seeds every source of ``sources``.
+
+    With ``put_back`` the sources are captured on entry and put back on exit,
+    so the caller's streams do not move. Without it (a loader worker, whose
+    streams are the loader's alone and are seeded again before every draw
+    that matters) nothing is captured: a capture costs more than the seeding.
+    """
+
+    seeders = [source.seed for _, source in sources]
+
+    def reseed(seed: int) -> None:
+        for seeder in seeders:
+            seeder(seed)
+
+    capture: Callable[[], Any] = (lambda: Snapshot.capture(sources)) if put_back else _Kept
+    # One transaction, as a block's: a Ctrl-C lands before the keyed world is in force or
+    # after the caller's is back, and the lock keeps other threads' blocks out meanwhile.
+    before = transaction.change(
+        lambda captured: captured,
+        capture,
+        lasts=transaction.Lasts.UNTIL_END,
+        undo=lambda saved: transaction.end(saved.restore_each),
+    )
+    try:
+        # One source (streams=["torch"]): its own seed method, without a loop per call.
+        yield seeders[0] if len(seeders) == 1 else reseed
+    finally:
+        transaction.end(before.restore_each)
+
+
+class _Kept:
+    """What a change that keeps nothing puts back: nothing."""
+
+    def restore_each(self) -> None:
+        return None
 
 
 class KeyedCollate:
@@ -47,25 +89,9 @@ class KeyedCollate:
         words += [int.from_bytes(digest[i : i + 4], "little") for i in range(0, len(digest), 4)]
         sequence = np.random.SeedSequence([word & 0xFFFFFFFF for word in words])
         seed = int(sequence.generate_state(1)[0])
-        sources = list(registered_sources())
-
-        def seeded(before: Snapshot) -> Snapshot:
-            for _, source in sources:
-                source.seed(seed)
-            return before
-
-        # One transaction, as a block's: seeding that fails half-way is rolled back, and
-        # a Ctrl-C lands before the collator's world is in force or after it is gone.
-        before = transaction.change(
-            seeded,
-            lambda: Snapshot.capture(sources),
-            lasts=transaction.Lasts.UNTIL_END,
-            undo=lambda saved: transaction.end(saved.restore_each),
-        )
-        try:
+        with keyed_streams(list(registered_sources())) as reseed:
+            reseed(seed)
             return self.collate(features)
-        finally:
-            transaction.end(before.restore_each)
 
     def __repr__(self) -> str:
         return f"KeyedCollate({self.collate!r}, seed={self.seed}, epoch={self.epoch})"

@@ -36,6 +36,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from detctx._basics import CheckpointError
+from detctx._data.elastic import ElasticLoader
 from detctx._data.loader import loader_generator, seed_worker
 from detctx._data.loader_state import LOADER_FORMAT, is_resumable, resumable_class
 from detctx._data.samplers import prepare_samplers
@@ -196,10 +197,11 @@ def resume(state: Mapping[str, Any], *loaders: Any, strict: bool = True) -> None
 
 def _check_loaders(loaders: tuple[Any, ...]) -> None:
     for index, loader in enumerate(loaders):
-        if not is_resumable(loader):
+        if not (is_resumable(loader) or isinstance(loader, ElasticLoader)):
             raise TypeError(
                 f"{type(loader).__name__} is not a resumable loader, so its position cannot be "
-                "saved and checked: build it with detctx.resumable_loader(dataset, ...)"
+                "saved and checked: build it with detctx.resumable_loader(dataset, ...) (or "
+                "detctx.elastic_loader(dataset, ...))"
             )
         first = next(i for i, other in enumerate(loaders) if other is loader)
         if first != index:
