@@ -35,6 +35,7 @@ SCENARIOS = {
     "first_block": "benchmarks.s7_first_block",
     "pytest_startup": "benchmarks.s8_pytest_startup",
     "locate": "benchmarks.s9_locate",
+    "locate_speed": "benchmarks.s10_locate_speed",
 }
 
 

@@ -91,6 +91,7 @@ class _OpInfo:
             )
             or schema.name in _UNCOMPUTED
             or schema.name in _ALIASES
+            or schema.name in _COPIES
             or schema.name.startswith("profiler::")
         )
 
@@ -148,6 +149,18 @@ input's memory under another shape.
 ``_unsafe_view`` is the reshape that ``matmul`` and ``bmm``'s callers run on
 every product; digesting it read each product's bytes twice (a tenth of all
 bytes digested in a nanoGPT step).
+"""
+
+_COPIES: Final = frozenset({"aten::clone", "aten::select_backward", "aten::slice_backward"})
+"""Ops that only move bits, skipped like views: the output holds exactly the input's
+bits (``clone``) or those bits and zeros (the backward of ``select`` and ``slice``).
+
+Given the same input they give the same bits on every device, so a difference
+in their output is a difference in their input, which the op that made it
+shows. A tensor from outside torch (a NumPy write into its memory) counts at
+the first op that computes from it, not at a copy of it. In a nanoGPT step
+they are a sixth of the bytes a step makes (``nn.MultiheadAttention``'s
+backward runs a ``select_backward`` of three times the activations per layer).
 """
 
 _DTYPES: dict[torch.dtype, str] = {}
