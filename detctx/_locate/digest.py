@@ -48,7 +48,9 @@ the host.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import struct
 from typing import Final
 
 import numpy as np
@@ -63,6 +65,8 @@ ROW_BYTES: Final = 4096
 COLUMNS: Final = 16
 
 _WORDS: Final = SMALL // 8
+_FEW: Final = 8
+_UNPACK: Final = [(struct.Struct(f"<{n}Q"), struct.Struct(f">{n}Q")) for n in range(_FEW + 1)]
 _MASK: Final = (1 << 64) - 1
 _GAMMA: Final = 0x9E3779B97F4A7C15
 _MIX1: Final = 0xBF58476D1CE4E5B9
@@ -76,6 +80,22 @@ _numpy_streams: dict[int, np.ndarray] = {}
 _torch_streams: dict[tuple[int, torch.device], torch.Tensor] = {}
 _weights: dict[tuple[int, torch.device], torch.Tensor] = {}
 _layouts: dict[tuple[torch.dtype, tuple[int, ...]], int] = {}
+_NUMPY_DTYPES: Final = frozenset(
+    {
+        torch.float64,
+        torch.float32,
+        torch.float16,
+        torch.complex128,
+        torch.complex64,
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+    }
+)
+"""dtypes ``Tensor.numpy()`` reads (bfloat16 and the float8 types take the torch path)."""
 
 
 def _splitmix(start: int, count: int) -> np.ndarray:
@@ -92,6 +112,15 @@ def _numpy_stream(start: int) -> np.ndarray:
     if stream is None:
         stream = _numpy_streams[start] = _splitmix(start, _WORDS)
     return stream
+
+
+@functools.cache
+def _few() -> tuple[list[int], list[int]]:
+    """The first multipliers of both streams as Python integers."""
+    return (
+        [int(m) for m in _numpy_stream(_STREAM_A)[:_FEW]],
+        [int(m) for m in _numpy_stream(_STREAM_C)[:_FEW]],
+    )
 
 
 def _torch_stream(start: int, device: torch.device) -> torch.Tensor:
@@ -151,14 +180,29 @@ def _reduce(data: torch.Tensor, stage: int) -> torch.Tensor:
     return product.reshape(-1).view(torch.uint8)
 
 
+def _few_sums(raw: bytes) -> tuple[int, int]:
+    """``(S_A, S_B)`` of at most ``8 * _FEW`` bytes, in Python integers (no NumPy calls)."""
+    if len(raw) % 8:
+        raw += bytes(8 - len(raw) % 8)
+    little, big = _UNPACK[len(raw) // 8]
+    a, c = _few()
+    first = second = 0
+    for word, swapped, m_a, m_c in zip(little.unpack(raw), big.unpack(raw), a, c):
+        first += word * m_a
+        second += swapped * m_c
+    return first & _MASK, second & _MASK
+
+
 def _host_sums(data: np.ndarray) -> tuple[int, int]:
     """``(S_A, S_B)`` of at most ``SMALL`` bytes (a contiguous uint8 array), in NumPy."""
-    full, rest = divmod(len(data), 8)
-    words = data[: full * 8].view(np.uint64)
-    if rest:
-        padded = np.zeros(full + 1, dtype=np.uint64)
-        padded.view(np.uint8)[: len(data)] = data
-        words = padded
+    size = len(data)
+    if size <= _FEW * 8:
+        return _few_sums(data.tobytes())
+    if size % 8:
+        words = np.zeros(size // 8 + 1, dtype=np.uint64)
+        words.view(np.uint8)[:size] = data
+    else:
+        words = data.view(np.uint64)
     count = len(words)
     # Unsigned 64-bit dot products wrap modulo 2**64 without a warning; astype to
     # big-endian reverses each word's bytes in one vectorised pass.
@@ -217,8 +261,27 @@ def digest(tensor: torch.Tensor, *, on_host: bool | None = None) -> int | None:
     """
     if type(tensor) is not torch.Tensor and not isinstance(tensor, torch.nn.Parameter):
         return None
-    if tensor.layout != torch.strided or tensor.is_quantized or tensor.device.type == "meta":
+    if tensor.layout != torch.strided or tensor.is_quantized:
         return None
+    device = tensor.device.type
+    if device == "meta":
+        return None
+    layout = layout_code(tensor.dtype, tuple(tensor.shape))
+    if (
+        on_host is not False
+        and device == "cpu"
+        and tensor.dtype in _NUMPY_DTYPES
+        and tensor.numel() * tensor.element_size() <= SMALL
+    ):
+        # Most ops' outputs: two calls to reach the bytes (numpy(force=True) detaches
+        # and resolves conj/neg; a non-contiguous view is copied, at most SMALL bytes).
+        array = tensor.numpy(force=True)
+        if array.nbytes <= _FEW * 8:
+            first, second = _few_sums(array.tobytes())
+        else:
+            array = np.ascontiguousarray(array)
+            first, second = _host_sums(array.reshape(-1).view(np.uint8))
+        return ((first << 64) | second) ^ layout
     data = _bytes(tensor)
     stage = 0
     while data.numel() > SMALL:
@@ -230,4 +293,4 @@ def digest(tensor: torch.Tensor, *, on_host: bool | None = None) -> int | None:
         first, second = _host_sums(data.cpu().numpy())
     else:
         first, second = _device_sums(data)
-    return ((first << 64) | second) ^ layout_code(tensor.dtype, tuple(tensor.shape))
+    return ((first << 64) | second) ^ layout
