@@ -93,6 +93,59 @@ def in_process(size_name: str, repeat: int, device: str) -> dict[str, Stats]:
     return interleaved({"two plain runs": plain, "locate, runs=2": located}, repeat)
 
 
+def per_op_floor(size_name: str, repeat: int) -> dict[str, Stats]:
+    """One run of the step: plain, under a dispatch mode that only calls each op, recorded."""
+    import tempfile
+
+    import detctx
+    from detctx._locate.recorder import OpRecorder, dispatch_mode_class
+    from detctx._locate.trace import TraceWriter
+
+    size = SIZES[size_name]
+    base = dispatch_mode_class()
+
+    class Bare(base):  # type: ignore[misc, valid-type]
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            return False
+
+        def __torch_dispatch__(
+            self,
+            func: Callable[..., object],
+            types: object,
+            args: tuple = (),
+            kwargs: dict | None = None,
+        ) -> object:
+            return func(*args, **(kwargs or {}))
+
+    folder = Path(tempfile.mkdtemp(prefix="detctx-bench-"))
+
+    def plain() -> None:
+        with detctx.deterministic(seed=7):
+            train_step(size)
+
+    def bare() -> None:
+        with detctx.deterministic(seed=7), Bare():
+            train_step(size)
+
+    def recorded() -> None:
+        writer = TraceWriter(folder / "run.trace")
+        try:
+            with detctx.deterministic(seed=7):
+                recorder = OpRecorder(writer)
+                recorder.start()
+                try:
+                    train_step(size)
+                finally:
+                    recorder.stop()
+        finally:
+            writer.close()
+
+    return interleaved(
+        {"plain": plain, "bare dispatch mode": bare, "recorded to a trace": recorded}, repeat
+    )
+
+
 def _command(size_name: str, locate: bool) -> list[str]:
     options = ["--locate"] if locate else []
     script = [sys.executable, "-m", "benchmarks.gpt_step", size_name]
@@ -204,8 +257,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3, help="timed rounds per contender")
     parser.add_argument("--device", default="cpu", help="where the step runs (cpu, cuda)")
     parser.add_argument("--cli", action="store_true", help="also time detctx run --locate")
+    parser.add_argument("--cli-only", action="store_true", help="time detctx run --locate only")
     parser.add_argument("--rss", action="store_true", help="also measure peak RSS")
     parser.add_argument("--digest", action="store_true", help="also time the digest alone")
+    parser.add_argument(
+        "--per-op", action="store_true", help="also time one run under a bare dispatch mode"
+    )
     args = parser.parse_args(argv)
     sizes = [name.strip() for name in args.sizes.split(",") if name.strip()]
     unknown = [name for name in sizes if name not in SIZES]
@@ -216,13 +273,26 @@ def main(argv: list[str] | None = None) -> int:
     print("| model (width, layers, context, batch) | baseline | with locate | ratio | target |")
     print("| --- | --- | --- | --- | --- |")
     for name in sizes:
-        stats = in_process(name, args.repeat, args.device)
-        label = f"{name} {tuple(SIZES[name][:4])}: locate_divergence(runs=2) vs two plain runs"
-        print(_line(label, stats, "two plain runs", "locate, runs=2", TARGETS[name]), flush=True)
-        if args.cli:
+        if not args.cli_only:
+            stats = in_process(name, args.repeat, args.device)
+            label = f"{name} {tuple(SIZES[name][:4])}: locate_divergence(runs=2) vs two plain runs"
+            line = _line(label, stats, "two plain runs", "locate, runs=2", TARGETS[name])
+            print(line, flush=True)
+        if args.cli or args.cli_only:
             stats = cli(name, args.repeat)
             label = f"{name}: detctx run -n 2 --locate vs detctx run -n 2"
             print(_line(label, stats, "detctx run -n 2", "detctx run -n 2 --locate", TARGETS[name]))
+    if args.per_op:
+        for name in sizes:
+            stats = per_op_floor(name, args.repeat)
+            base = stats["plain"].median
+            print(
+                f"one run of {name}: "
+                + ", ".join(
+                    f"{label} {format_seconds(value.median)} ({value.median / base:.2f}x)"
+                    for label, value in stats.items()
+                )
+            )
     if args.rss:
         for name in sizes:
             peaks = peak_rss(name)
