@@ -74,6 +74,7 @@ class TraceWriter:
         self._buffer = bytearray(_HEADER.pack(MAGIC, VERSION))
         self._strings: dict[str, int] = {}
         self._metas: dict[tuple[str, tuple[int, ...], str], int] = {}
+        self._ids: dict[tuple[object, ...], tuple[int, int, int, int, int]] = {}
         self.count = 0
 
     @property
@@ -101,13 +102,17 @@ class TraceWriter:
         """Append ``record`` (``outputs``, the tensors, are not written: digests only)."""
         if self._file is None:
             raise ValueError(f"the trace {self.path} is closed")
-        ids = (
-            self._string(record.op),
-            self._string(record.module_path),
-            self._string(record.source),
-            self._string(record.node),
-            self._meta(record),
-        )
+        key = record[:7]
+        ids = self._ids.get(key)
+        if ids is None:
+            # One lookup per record once an op has been seen at this place and shape.
+            ids = self._ids[key] = (
+                self._string(record.op),
+                self._string(record.module_path),
+                self._string(record.source),
+                self._string(record.node),
+                self._meta(record),
+            )
         random = record.rng is not None
         low, high = record.digest & _WORD, record.digest >> 64
         self._buffer += b"O" + _OP.pack(*ids, low, high, record.rng or 0, _RANDOM * random)
