@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -363,3 +364,24 @@ def test_copies_and_views_are_not_recorded_and_a_value_from_outside_counts_where
     first = sink.records[0]
     assert first.op in ("aten::bmm", "aten::mm")
     assert first.source.endswith(line_of("computing from it"))
+
+
+def test_recording_keeps_no_output_alive_once_the_next_op_has_run():
+    sink = Captured()
+    recorder = OpRecorder(sink)
+    recorder.start()
+    try:
+        weights = torch.randn(256, 256, requires_grad=True)
+        activation = torch.tanh(weights @ weights)
+        alive = weakref.ref(activation)
+        del activation
+        torch.relu(weights)  # the next op
+        assert alive() is None
+    finally:
+        recorder.stop()
+    assert [record.op for record in sink.records] == [
+        "aten::randn",
+        "aten::mm",
+        "aten::tanh",
+        "aten::relu",
+    ]
