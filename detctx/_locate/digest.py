@@ -39,11 +39,11 @@ about ``10^-10``, and a difference that slips through one op is still seen
 at the next op that reads its output.
 
 Speed: the reduce step runs at about 0.07 ns per byte on one CPU core
-(VNNI int8 products), the sums at about 0.15 ns per byte; a tensor is read
-once, in place, with no copy bigger than one padded row (or, for a
-non-contiguous view, a contiguous copy of it). On an accelerator both steps
-are torch ops on the device and only the final sums (16 bytes) are copied to
-the host.
+(VNNI int8 products), the sums at about 0.15 ns per byte. A tensor is read
+once, in place; the temporaries are the reduced sums (a 64th of its size)
+and at most 256 KiB of byte-reversed words, plus a contiguous copy of a
+non-contiguous view. On an accelerator both steps are torch ops on the
+device and only the final sums (16 bytes) are copied to the host.
 """
 
 from __future__ import annotations
