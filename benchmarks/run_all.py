@@ -36,6 +36,7 @@ SCENARIOS = {
     "pytest_startup": "benchmarks.s8_pytest_startup",
     "locate": "benchmarks.s9_locate",
     "elastic": "benchmarks.elastic_loader",
+    "locate_speed": "benchmarks.s10_locate_speed",
 }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -333,3 +334,54 @@ def test_a_bad_trace_variable_is_reported_and_nothing_is_recorded(
     assert complaint in capsys.readouterr().err
     assert TRACE_ENV not in os.environ
     assert torch._C._len_torch_dispatch_stack() == 0
+
+
+class Captured:
+    """A sink that keeps every record (and no tensors)."""
+
+    def __init__(self) -> None:
+        self.records: list[OpRecord] = []
+
+    def add(self, record: OpRecord, outputs: list[torch.Tensor]) -> None:
+        self.records.append(record)
+
+
+def test_copies_and_views_are_not_recorded_and_a_value_from_outside_counts_where_it_is_used():
+    outside = torch.zeros(3, 4, 4)
+    weights = torch.randn(4, 4, requires_grad=True)
+    sink = Captured()
+    recorder = OpRecorder(sink)
+    recorder.start()
+    try:
+        outside.numpy()[0, 0, 0] = fresh_entropy()  # no op writes this
+        copied = outside.clone()
+        (copied @ weights).sum().backward()  # the first op computing from it
+    finally:
+        recorder.stop()
+
+    ops = [record.op for record in sink.records]
+    assert "aten::clone" not in ops and "aten::_unsafe_view" not in ops
+    first = sink.records[0]
+    assert first.op in ("aten::bmm", "aten::mm")
+    assert first.source.endswith(line_of("computing from it"))
+
+
+def test_recording_keeps_no_output_alive_once_the_next_op_has_run():
+    sink = Captured()
+    recorder = OpRecorder(sink)
+    recorder.start()
+    try:
+        weights = torch.randn(256, 256, requires_grad=True)
+        activation = torch.tanh(weights @ weights)
+        alive = weakref.ref(activation)
+        del activation
+        torch.relu(weights)  # the next op
+        assert alive() is None
+    finally:
+        recorder.stop()
+    assert [record.op for record in sink.records] == [
+        "aten::randn",
+        "aten::mm",
+        "aten::tanh",
+        "aten::relu",
+    ]

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from detctx._locate.digest import digest
+from detctx._locate.digest import SMALL, digest
 
 WORDS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64, 16: torch.int64}
 
@@ -115,16 +115,111 @@ def test_a_view_is_digested_in_its_logical_order():
 
 
 def test_an_empty_tensor_has_a_digest_and_a_sparse_one_has_none():
-    assert digest(torch.zeros(0)) == 0
+    assert digest(torch.zeros(0)) is not None
+    assert digest(torch.zeros(0)) != digest(torch.zeros(0, 3))
     assert digest(torch.eye(3).to_sparse()) is None
     assert digest(torch.zeros(2, device="meta")) is None
 
 
-def test_a_large_tensor_beyond_the_cached_multipliers_is_digested_on_both_paths():
-    tensor = torch.arange((1 << 20) + 7, dtype=torch.int32)
-    assert digest(tensor, on_host=True) == digest(tensor, on_host=False)
-    tensor[-1] += 1
-    assert digest(tensor) != digest(torch.arange((1 << 20) + 7, dtype=torch.int32))
+def test_the_same_bytes_under_another_shape_or_dtype_get_another_digest():
+    values = torch.arange(24, dtype=torch.int32)
+    assert digest(values) != digest(values.reshape(4, 6))
+    assert digest(values.reshape(4, 6)) != digest(values.reshape(6, 4))
+    assert digest(values) != digest(values.view(torch.float32))
+    assert digest(values) != digest(values.view(torch.int16))
+
+
+def test_a_large_tensor_is_reduced_on_both_paths_alike_and_any_one_change_shows():
+    tensor = torch.arange(SMALL + 4097, dtype=torch.int32)  # reduced once, with a padded row
+    reference = digest(tensor, on_host=True)
+    assert reference == digest(tensor, on_host=False)
+    for position in (0, 4095, SMALL // 3, tensor.numel() - 1):
+        changed = tensor.clone()
+        changed[position] ^= 1 << 31
+        assert digest(changed) != reference, position
+
+
+def test_sign_flips_of_two_float64_elements_change_the_digest():
+    # The top bit of a 64-bit word: invisible to one sum modulo 2**64, seen by the
+    # byte-reversed one.
+    values = torch.tensor([1.0, -2.0, 3.0, -4.0, 5.0], dtype=torch.float64)
+    for i, j in [(0, 1), (1, 3), (0, 4)]:
+        flipped = values.clone()
+        flipped[[i, j]] = -flipped[[i, j]]
+        assert digest(flipped) != digest(values), (i, j)
+    big = torch.randn(SMALL, dtype=torch.float64, generator=torch.Generator().manual_seed(8))
+    flipped = big.clone()
+    flipped[[10, 20_000]] = -flipped[[10, 20_000]]
+    assert digest(flipped) != digest(big)
+
+
+@st.composite
+def tensors(draw: st.DrawFn) -> torch.Tensor:
+    """A tensor of any dtype family and shape, sometimes a non-contiguous view of a bigger one."""
+    dtype = draw(
+        st.sampled_from(
+            [
+                torch.float32,
+                torch.float64,
+                torch.float16,
+                torch.bfloat16,
+                torch.int64,
+                torch.int32,
+                torch.int8,
+                torch.uint8,
+                torch.bool,
+                torch.complex64,
+            ]
+        )
+    )
+    shape = draw(st.lists(st.integers(1, 7), min_size=1, max_size=3))
+    seed = draw(st.integers(0, 2**32 - 1))
+    generator = torch.Generator().manual_seed(seed)
+    numel = 1
+    for size in shape:
+        numel *= size
+    words = torch.randint(-(2**62), 2**62, (numel,), generator=generator)
+    tensor = words.view(torch.uint8)[: numel * torch.empty(0, dtype=dtype).element_size()]
+    if dtype == torch.bool:
+        tensor = tensor & 1  # a bool's byte is 0 or 1; torch's copies normalise any other
+    tensor = tensor.view(dtype).reshape(shape)
+    view = draw(st.sampled_from(["plain", "transposed", "strided"]))
+    if view == "transposed" and len(shape) >= 2:
+        tensor = tensor.transpose(0, -1)
+    elif view == "strided":
+        # Every other element of a tensor twice as wide: the values above, strided.
+        wide = torch.stack([tensor, tensor.flip(-1)], dim=-1).reshape(*shape[:-1], -1)
+        tensor = wide[..., ::2]
+    return tensor
+
+
+@settings(max_examples=150, deadline=None)
+@given(tensor=tensors(), data=st.data())
+def test_any_flipped_bit_of_any_element_of_any_view_changes_the_digest(
+    tensor: torch.Tensor, data: st.DataObject
+):
+    reference = digest(tensor)
+    packed = tensor.clone(memory_format=torch.contiguous_format)
+    assert reference == digest(packed) == digest(tensor, on_host=False)
+    bits = packed.reshape(-1).view(torch.uint8)
+    position = data.draw(st.integers(0, bits.numel() - 1))
+    bits[position] ^= 1 << data.draw(st.integers(0, 7))
+    flipped = bits.view(tensor.dtype).reshape(tensor.shape)
+    assert digest(flipped) != reference
+
+
+@settings(max_examples=150, deadline=None)
+@given(tensor=tensors(), data=st.data())
+def test_a_permutation_that_moves_different_elements_changes_the_digest(
+    tensor: torch.Tensor, data: st.DataObject
+):
+    flat = tensor.reshape(-1)
+    order = data.draw(st.permutations(range(flat.numel())))
+    permuted = flat[list(order)].reshape(tensor.shape)
+    word = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[flat.element_size()]
+    flat = flat.clone(memory_format=torch.contiguous_format)
+    same_bits = torch.equal(flat.view(word), permuted.reshape(-1).view(word))
+    assert (digest(permuted) == digest(tensor)) == same_bits
 
 
 def test_structured_changes_in_neighbours_do_not_cancel():
@@ -136,3 +231,27 @@ def test_structured_changes_in_neighbours_do_not_cancel():
         shifted = base.clone()
         shifted[start : start + 2] += torch.tensor([1, -1])
         assert digest(shifted) != digest(base), start
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_cuda_tensor_is_digested_on_its_device_to_the_same_digest_as_on_the_host(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    copies: list[int] = []
+    real_copy = torch.Tensor.cpu
+
+    def counting_copy(self: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        copies.append(self.numel() * self.element_size())
+        return real_copy(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    generator = torch.Generator().manual_seed(9)
+    for numel in (7, 4096, SMALL // 4 + 3, 3 * SMALL + 5):
+        tensor = torch.randn(numel, generator=generator)
+        on_device = tensor.cuda()
+        with monkeypatch.context() as patch:
+            patch.setattr(torch.Tensor, "cpu", counting_copy)
+            found = digest(on_device)
+        assert found == digest(tensor)
+        assert copies == [], "the device path copies only its two sums (through tolist)"
+        assert digest(on_device.to(torch.float64)[::2]) == digest(tensor.double()[::2])

@@ -13,7 +13,7 @@ import pytest
 
 import detctx
 from detctx._locate.divergence import compare_traces
-from detctx._locate.trace import BUFFER_BYTES, MAGIC, OpRecord, TraceWriter, read_trace
+from detctx._locate.trace import BUFFER_BYTES, MAGIC, VERSION, OpRecord, TraceWriter, read_trace
 
 
 def record(index: int, digest: int = 7, rng: int | None = None) -> OpRecord:
@@ -57,7 +57,7 @@ def test_a_long_run_never_holds_more_of_its_trace_than_the_buffer(tmp_path: Path
 
     assert largest <= BUFFER_BYTES + 64
     size = (tmp_path / "long.trace").stat().st_size
-    assert ops * 38 <= size < ops * 39
+    assert ops * 46 <= size < ops * 47
     assert sum(1 for _ in read_trace(tmp_path / "long.trace")) == ops
 
 
@@ -79,7 +79,7 @@ def test_two_traces_are_compared_record_by_record(tmp_path: Path):
 
 
 def header() -> bytes:
-    return struct.pack("<8sH", MAGIC, 1)
+    return struct.pack("<8sH", MAGIC, VERSION)
 
 
 def string(number: int, text: bytes) -> bytes:
@@ -87,7 +87,7 @@ def string(number: int, text: bytes) -> bytes:
 
 
 def op(ids: tuple[int, ...], flags: int = 0) -> bytes:
-    return b"O" + struct.pack("<IIIIIQQB", *ids, 1, 0, flags)
+    return b"O" + struct.pack("<IIIIIQQQB", *ids, 1, 0, 0, flags)
 
 
 GOOD_STRINGS = b"".join(

@@ -133,7 +133,8 @@ def compare_records(
         return _divergence(index, record, "op", run, _describe(reference))
     if reference.rng != record.rng:
         return _divergence(index, record, "rng", run)
-    if reference.digest != record.digest or reference.meta() != record.meta():
+    # dtype, shape and device: compared as fields, not as the text a trace stores.
+    if reference.digest != record.digest or reference[4:7] != record[4:7]:
         return _divergence(index, record, "values", run)
     return None
 

@@ -30,7 +30,6 @@ import hashlib
 import os
 import threading
 import weakref
-import zlib
 from collections.abc import Callable
 from typing import Any, Final, Protocol
 
@@ -38,15 +37,16 @@ import torch
 
 from detctx._basics import MissingDependencyError
 from detctx._locate.callsite import UNKNOWN, user_line, user_line_in_backward
-from detctx._locate.digest import digest
+from detctx._locate.digest import digest, layout_code
 from detctx._locate.modules import ModuleTracker
 from detctx._locate.trace import OpRecord
 
 __all__ = ["OpRecorder", "Sink", "dispatch_mode_class"]
 
 _KEY: Final = "detctx._locate"
-_MASK: Final = (1 << 64) - 1
-_PRIME: Final = 0x100000001B3
+_MASK: Final = (1 << 128) - 1
+_PRIME: Final = 0x0000000001000000000000000000013B
+_OFFSET: Final = 0x6C62272E07BB014262B821756295C58D
 
 
 class Sink(Protocol):
@@ -90,6 +90,8 @@ class _OpInfo:
                 and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
             )
             or schema.name in _UNCOMPUTED
+            or schema.name in _ALIASES
+            or schema.name in _COPIES
             or schema.name.startswith("profiler::")
         )
 
@@ -140,21 +142,40 @@ to run although the loader hands batches out in order. The first op that
 reads such a tensor is where its values count.
 """
 
-_layouts: dict[tuple[torch.dtype, tuple[int, ...]], int] = {}
+_ALIASES: Final = frozenset({"aten::_unsafe_view"})
+"""Views whose schema does not say so, skipped like the others: the output is the
+input's memory under another shape.
+
+``_unsafe_view`` is the reshape that ``matmul`` and ``bmm``'s callers run on
+every product; digesting it read each product's bytes twice (a tenth of all
+bytes digested in a nanoGPT step).
+"""
+
+_COPIES: Final = frozenset({"aten::clone", "aten::select_backward", "aten::slice_backward"})
+"""Ops that only move bits, skipped like views: the output holds exactly the input's
+bits (``clone``) or those bits and zeros (the backward of ``select`` and ``slice``).
+
+Given the same input they give the same bits on every device, so a difference
+in their output is a difference in their input, which the op that made it
+shows. A tensor from outside torch (a NumPy write into its memory) counts at
+the first op that computes from it, not at a copy of it. In a nanoGPT step
+they are a sixth of the bytes a step makes (``nn.MultiheadAttention``'s
+backward runs a ``select_backward`` of three times the activations per layer).
+"""
+
 _DTYPES: dict[torch.dtype, str] = {}
 _DEVICES: dict[torch.device, str] = {}
 
 
 def _combine(outputs: list[torch.Tensor]) -> int:
-    value = 0xCBF29CE484222325
+    # FNV-1a over 128-bit parts: each step is a bijection of the running value, so a
+    # change in any one output's digest always changes the result.
+    value = _OFFSET
     for tensor in outputs:
         bits = digest(tensor)
-        key = (tensor.dtype, tuple(tensor.shape))
-        shape = _layouts.get(key)
-        if shape is None:
-            shape = _layouts[key] = zlib.crc32(f"{key[0]}{key[1]}".encode())
-        for part in (0 if bits is None else bits, shape):
-            value = ((value ^ part) * _PRIME) & _MASK
+        if bits is None:
+            bits = layout_code(tensor.dtype, tuple(tensor.shape))
+        value = ((value ^ bits) * _PRIME) & _MASK
     return value
 
 

@@ -2,7 +2,7 @@
 
 A trace is ``MAGIC``, a version, then records. A string (op name, module
 path, source line, output description) is written once, the first time it is
-used, and referred to by number afterwards, so a record of an op is 38 bytes
+used, and referred to by number afterwards, so a record of an op is 46 bytes
 whatever its tensors' sizes. The writer keeps at most :data:`BUFFER_BYTES`
 of records in memory before writing them out; a run of a million ops holds
 no more of its trace than a run of ten. The reader yields one record at a
@@ -25,7 +25,7 @@ from detctx._basics import TraceError
 __all__ = ["BUFFER_BYTES", "MAGIC", "OpRecord", "TraceWriter", "read_trace"]
 
 MAGIC: Final = b"DETCTXTR"
-VERSION: Final = 1
+VERSION: Final = 2
 BUFFER_BYTES: Final = 1 << 16
 """Records kept in memory before they are written out."""
 MAX_STRING: Final = 4096
@@ -33,9 +33,10 @@ MAX_STRINGS: Final = 1 << 20
 
 _HEADER: Final = struct.Struct("<8sH")
 _STRING: Final = struct.Struct("<IH")
-_OP: Final = struct.Struct("<IIIIIQQB")
+_OP: Final = struct.Struct("<IIIIIQQQB")
 _END: Final = struct.Struct("<Q")
 _RANDOM: Final = 1
+_WORD: Final = (1 << 64) - 1
 _META: Final = re.compile(r"([A-Za-z0-9_.]{1,40})\|((?:\d{1,19}(?:,\d{1,19}){0,63})?)\|(.{1,64})")
 
 
@@ -45,7 +46,8 @@ class OpRecord(NamedTuple):
     ``node`` is the autograd node (``AddmmBackward0``) for an op run by the
     backward pass, ``""`` in the forward pass. ``rng`` is a digest of the
     generator state before a random op (``None`` for other ops). ``dtype``,
-    ``shape`` and ``device`` describe the op's first tensor output.
+    ``shape`` and ``device`` describe the op's first tensor output; ``digest``
+    (128 bits) covers every output's bits, dtype and shape.
     """
 
     op: str
@@ -72,6 +74,7 @@ class TraceWriter:
         self._buffer = bytearray(_HEADER.pack(MAGIC, VERSION))
         self._strings: dict[str, int] = {}
         self._metas: dict[tuple[str, tuple[int, ...], str], int] = {}
+        self._ids: dict[tuple[object, ...], tuple[int, int, int, int, int]] = {}
         self.count = 0
 
     @property
@@ -99,15 +102,20 @@ class TraceWriter:
         """Append ``record`` (``outputs``, the tensors, are not written: digests only)."""
         if self._file is None:
             raise ValueError(f"the trace {self.path} is closed")
-        ids = (
-            self._string(record.op),
-            self._string(record.module_path),
-            self._string(record.source),
-            self._string(record.node),
-            self._meta(record),
-        )
+        key = record[:7]
+        ids = self._ids.get(key)
+        if ids is None:
+            # One lookup per record once an op has been seen at this place and shape.
+            ids = self._ids[key] = (
+                self._string(record.op),
+                self._string(record.module_path),
+                self._string(record.source),
+                self._string(record.node),
+                self._meta(record),
+            )
         random = record.rng is not None
-        self._buffer += b"O" + _OP.pack(*ids, record.digest, record.rng or 0, _RANDOM * random)
+        low, high = record.digest & _WORD, record.digest >> 64
+        self._buffer += b"O" + _OP.pack(*ids, low, high, record.rng or 0, _RANDOM * random)
         self.count += 1
         if len(self._buffer) >= BUFFER_BYTES:
             self._flush()
@@ -188,7 +196,7 @@ def read_trace(path: Path) -> Generator[OpRecord, None, None]:
                 except UnicodeDecodeError:
                     raise reader.fail("a string is not UTF-8") from None
             elif tag == b"O":
-                *ids, value, rng, flags = _OP.unpack(reader.take(_OP.size, "an op record"))
+                *ids, low, high, rng, flags = _OP.unpack(reader.take(_OP.size, "an op record"))
                 if max(ids) >= len(strings) or flags > _RANDOM:
                     raise reader.fail("an op record refers to an unknown string or flag")
                 if ids[4] not in metas:
@@ -203,7 +211,7 @@ def read_trace(path: Path) -> Generator[OpRecord, None, None]:
                     dtype,
                     shape,
                     device,
-                    value,
+                    low | high << 64,
                     rng if flags & _RANDOM else None,
                 )
                 count += 1
