@@ -51,7 +51,9 @@ def determinism_env(seed: int, base: Mapping[str, str]) -> dict[str, str]:
     """``base`` plus ``DETCTX_SEED`` and every variable a ``deterministic`` block sets.
 
     A variable already set to a value the block would keep (``:16:8``,
-    ``strict``) stays as it is, exactly as inside the block.
+    ``strict``) stays as it is, and one that is such a value but for
+    whitespace or letter case (``' :16:8'``) gets its exact spelling, both
+    exactly as inside the block (``EnvSwitch.spelling``).
     """
     env = dict(base)
     env[SEED_ENV] = str(seed)
