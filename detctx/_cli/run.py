@@ -17,7 +17,7 @@ from typing import IO, Final
 from detctx._basics import SEED_ENV, MetricsError
 from detctx._cli.curves import Curve, Point, parse_line
 from detctx._cli.lines import LineReader
-from detctx._cli.paths import open_for_writing, refuse_link
+from detctx._cli.paths import open_for_writing, refuse_planted
 from detctx._cli.signals import signal_of, stop_group
 from detctx._environment import env_switches
 
@@ -218,12 +218,13 @@ def _tail(lines: Sequence[str]) -> str:
 def log_file(directory: Path | None, index: int) -> Path | None:
     """Where run ``index`` (1-based) keeps its output, if a log directory was asked for.
 
-    Raises :class:`~detctx.MetricsError` if that path is a symbolic link: it
-    is neither followed nor removed.
+    Raises :class:`~detctx.MetricsError` if that path is a symbolic link, a
+    FIFO or anything but a regular file, or a hard link: it is neither
+    followed, written into nor removed.
     """
     if directory is None:
         return None
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"run{index}.log"
-    refuse_link(path)
+    refuse_planted(path)
     return path
