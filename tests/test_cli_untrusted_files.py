@@ -62,9 +62,7 @@ def test_compare_with_dev_zero_is_refused_at_once_with_status_2(log: Path):
     assert "Traceback" not in done.stderr
 
 
-def test_compare_with_a_fifo_nobody_writes_is_refused_instead_of_waiting(
-    tmp_path: Path, log: Path
-):
+def test_compare_with_a_fifo_nobody_writes_is_refused_instead_of_waiting(tmp_path: Path, log: Path):
     fifo = tmp_path / "pipe.log"
     os.mkfifo(fifo)
 
