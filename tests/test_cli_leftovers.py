@@ -33,12 +33,12 @@ pytestmark = pytest.mark.skipif(
 )
 
 # The command: starts a grandchild as MODE says (it appends its pid to PIDS and lives two
-# minutes), prints a loss, then exits, or waits to be stopped ("wait").
+# minutes), prints a loss, then exits, or waits to be stopped ("setsid").
 COMMAND = """
 import os, sys, time
 pids, mode = sys.argv[1], sys.argv[2]
 if os.fork() == 0:
-    if mode in ("setsid", "daemon"):
+    if mode in ("setsid", "daemon", "escaped"):
         os.setsid()
     if mode == "daemon" and os.fork():
         os._exit(0)
@@ -48,6 +48,8 @@ if os.fork() == 0:
         os.dup2(quiet, 2)
     with open(pids, "a") as out:
         out.write(f"{os.getpid()}\\n")
+    if mode == "escaped":  # no trace of the run left: another session, an empty environment
+        os.execve(sys.executable, [sys.executable, "-c", "import time; time.sleep(120)"], {})
     time.sleep(120)
     os._exit(0)
 while not os.path.exists(pids):
@@ -107,6 +109,18 @@ def test_what_a_command_leaves_running_is_stopped_when_it_exits(tmp_path, starte
     assert len(left) == 2
     assert not [pid for pid in left if alive(pid)]
     assert err.count("the command exited and left 1 process it started running") == 2
+
+
+def test_output_held_open_out_of_reach_is_read_for_a_bounded_time_and_said(tmp_path, started):
+    pids, runners = started
+    runner = detctx_run(tmp_path, pids, "escaped", runs=2)
+    runners.append(runner)
+
+    out, err = runner.communicate(timeout=GUARD_S)
+
+    assert runner.returncode == 0, err
+    assert "2 curves agree" in out
+    assert err.count("still holds its output open, out of reach") == 2
 
 
 def test_a_setsid_grandchild_goes_with_its_command_when_detctx_run_is_terminated(tmp_path, started):

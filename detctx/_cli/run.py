@@ -217,6 +217,7 @@ def run_command(
         stdout.close()
         if log is not None:
             log.close()
+    tracker.update(None, final=True)  # ends a terminal's progress line before the notes
     if left:
         tracker.stream.write(_left_text(label, left))
     if not drained:
@@ -225,7 +226,7 @@ def run_command(
             f"reach (it left the command's process group and cleared ${RUNS_ENV}); the "
             "output after this point is not read\n"
         )
-    tracker.update(None, final=True)
+    tracker.stream.flush()
     if status != 0:
         ended = _exit_text(status)
         raise RunFailed(f"{label} failed: {shlex.join(command)} {ended}; {_tail(tail)}")
