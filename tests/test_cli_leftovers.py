@@ -37,6 +37,9 @@ pytestmark = pytest.mark.skipif(
 COMMAND = """
 import os, sys, time
 pids, mode = sys.argv[1], sys.argv[2]
+def written():
+    return open(pids).read().count("\\n") if os.path.exists(pids) else 0
+before = written()
 if os.fork() == 0:
     if mode in ("setsid", "daemon", "escaped"):
         os.setsid()
@@ -52,7 +55,7 @@ if os.fork() == 0:
         os.execve(sys.executable, [sys.executable, "-c", "import time; time.sleep(120)"], {})
     time.sleep(120)
     os._exit(0)
-while not os.path.exists(pids):
+while written() == before:  # this run's grandchild has started
     time.sleep(0.01)
 print("step 1 loss: 0.5", flush=True)
 if mode == "setsid":

@@ -208,20 +208,23 @@ def stop_run(
         process.wait()
         return []
     pgid = process.pid
-    signalled = set(run_processes(pgid, run_id))
+    seen: set[int] = set()
+    left = run_processes(pgid, run_id)  # before the signal: what it ends at once is named too
     try:
         _signal_group(pgid, signum)
-        for pid, group in run_processes(pgid, run_id).items():
-            if group != pgid:  # the group's members had the signal once, from killpg
-                _signal(pid, signum)
-        if signum != _KILL:
-            deadline = time.monotonic() + grace
-            while time.monotonic() < deadline:
-                left = run_processes(pgid, run_id)
-                signalled |= set(left)
-                if not left and command_exited(process):
-                    break
-                time.sleep(_POLL_S)
+        deadline = time.monotonic() + grace
+        while True:
+            for pid, group in left.items():
+                # The group's members had the signal from killpg; the others get it once.
+                if group != pgid and pid not in seen:
+                    _signal(pid, signum)
+            seen |= left.keys()
+            if signum == _KILL or time.monotonic() >= deadline:
+                break
+            left = run_processes(pgid, run_id)
+            if not left and command_exited(process):
+                break
+            time.sleep(_POLL_S)
     finally:
         # Members that outlived the leader or ignored the signal are killed now, and so
         # is everything when a second signal cuts the wait short. A process may fork
@@ -229,15 +232,15 @@ def stop_run(
         for _ in range(_KILL_ROUNDS):
             _signal_group(pgid, _KILL)
             left = run_processes(pgid, run_id)
-            signalled |= set(left)
+            seen |= left.keys()
             for pid in left:
                 _signal(pid, _KILL)
             if not left:
                 break
             time.sleep(_POLL_S)
         process.wait()
-    signalled.discard(pgid)
-    return sorted(signalled)
+    seen.discard(pgid)
+    return sorted(seen)
 
 
 _POLL_S: Final = 0.05
