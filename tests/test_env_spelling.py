@@ -116,3 +116,12 @@ def test_block_run_and_doctor_agree_on_every_spelling_of_an_accepted_value(
     assert inside == exported == exact
     assert after_block == value
     assert warned == (value != exact)
+
+
+@pytest.mark.parametrize("value", STRAY, ids=repr)
+def test_a_launcher_preparing_the_environment_exports_the_exact_value(value: str):
+    os.environ[CUBLAS] = value
+
+    detctx.prepare_environment(seed=1)
+
+    assert os.environ[CUBLAS] == value.strip()
