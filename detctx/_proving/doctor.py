@@ -193,8 +193,9 @@ def _misspelt(env: Mapping[str, str | None]) -> dict[str, str]:
         exact = switch.spelling(value, switch.target(setting=True, seed=0, current=None) or "")
         if exact is not None and exact != value:
             advice[switch.name] = (
-                f"{switch.variable}={value!r} is read exactly as written, so it is not "
-                f"{exact!r}; detctx blocks and detctx run set {exact!r} for their duration, "
+                f"{switch.variable}={value!r} differs from {exact!r} by whitespace or letter "
+                "case, which its reader need not ignore (torch compares CUBLAS_WORKSPACE_CONFIG "
+                f"as written); detctx blocks and detctx run set {exact!r} for their duration, "
                 f"but export {switch.variable}={exact} before launch"
             )
     return advice
