@@ -209,6 +209,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (DetctxError, ValueError, OSError) as exc:
         sys.stderr.write(f"detctx: error: {exc}\n")
         return USAGE
+    except MemoryError:
+        # Uncaught, it ended the process with status 1, which says "the curves differ".
+        sys.stderr.write("detctx: error: out of memory reading the curves\n")
+        return USAGE
     except KeyboardInterrupt:
         sys.stderr.write("detctx: interrupted\n")
         return 130

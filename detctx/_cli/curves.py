@@ -21,6 +21,7 @@ from typing import Final
 
 from detctx._basics import MetricsError, same_float
 from detctx._cli.hints import FrameworkSigns
+from detctx._cli.paths import read_log_text
 
 __all__ = [
     "DEFAULT_PATTERN",
@@ -169,17 +170,11 @@ def parse_line(line: str, number: int, pattern: re.Pattern[str], name: str) -> P
 def read_log(path: str | Path, pattern: re.Pattern[str]) -> Curve:
     """The curve in the log file at ``path``.
 
-    Raises :class:`~detctx.MetricsError` for a missing or unreadable
-    file, or one in which no line matches.
+    Raises :class:`~detctx.MetricsError` for a file that cannot be read
+    (:func:`~detctx._cli.paths.read_log_text`), or one in which no line matches.
     """
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        raise MetricsError(f"no such log file: {path}") from None
-    except OSError as exc:
-        raise MetricsError(f"cannot read {path}: {exc.strerror or exc}") from None
-    lines = split_lines(text)
+    lines = split_lines(read_log_text(path))
     curve = extract(lines, pattern, str(path))
     if not curve.points:
         signs = FrameworkSigns()

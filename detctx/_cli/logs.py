@@ -29,6 +29,7 @@ from typing import Any, Final
 
 from detctx._basics import MetricsError
 from detctx._cli.curves import METRIC_VALUE, Curve, Point, compile_pattern, read_log
+from detctx._cli.paths import read_log_text
 
 __all__ = [
     "TRAINING_LOSS_COLUMNS",
@@ -191,13 +192,8 @@ def _file_in_folder(folder: Path) -> Path:
 
 
 def _read_text(path: Path) -> str:
-    try:
-        # utf-8-sig: a byte-order mark (spreadsheet exports) is not part of the first name.
-        return path.read_text(encoding="utf-8-sig", errors="replace")
-    except FileNotFoundError:
-        raise MetricsError(f"no such log file: {path}") from None
-    except OSError as exc:
-        raise MetricsError(f"cannot read {path}: {exc.strerror or exc}") from None
+    # utf-8-sig: a byte-order mark (spreadsheet exports) is not part of the first name.
+    return read_log_text(path, encoding="utf-8-sig")
 
 
 def _choose(

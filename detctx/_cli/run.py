@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import io
+import os
 import re
+import select
 import shlex
 import signal
 import subprocess
@@ -17,8 +18,15 @@ from typing import IO, Final
 from detctx._basics import SEED_ENV, MetricsError
 from detctx._cli.curves import Curve, Point, parse_line
 from detctx._cli.lines import LineReader
-from detctx._cli.paths import open_for_writing, refuse_link
-from detctx._cli.signals import signal_of, stop_group
+from detctx._cli.paths import open_for_writing, refuse_planted
+from detctx._cli.signals import (
+    GRACE_S,
+    RUNS_ENV,
+    command_exited,
+    mark_run,
+    signal_of,
+    stop_run,
+)
 from detctx._environment import env_switches
 
 __all__ = [
@@ -32,6 +40,19 @@ __all__ = [
 
 _PROGRESS_EVERY: Final = 2.0
 """Seconds between progress reports on stderr."""
+
+_WAKE_S: Final = 0.1
+"""Seconds between looks at whether the command exited while its output is quiet."""
+
+_DRAIN_S: Final = 2.0
+"""Seconds the output is read for once everything the command started is stopped."""
+
+_CHUNK: Final = 65536
+
+# Windows' select() takes sockets only; there the pipe is read to its end, as before.
+_SELECTABLE_PIPES: Final = os.name != "nt"
+
+_Feed = Callable[[bytes], None]
 
 _TAIL_LINES: Final = 15
 _TAIL_WIDTH: Final = 300
@@ -51,7 +72,9 @@ def determinism_env(seed: int, base: Mapping[str, str]) -> dict[str, str]:
     """``base`` plus ``DETCTX_SEED`` and every variable a ``deterministic`` block sets.
 
     A variable already set to a value the block would keep (``:16:8``,
-    ``strict``) stays as it is, exactly as inside the block.
+    ``strict``) stays as it is, and one that is such a value but for
+    whitespace or letter case (``' :16:8'``) gets its exact spelling, both
+    exactly as inside the block (``EnvSwitch.spelling``).
     """
     env = dict(base)
     env[SEED_ENV] = str(seed)
@@ -119,16 +142,22 @@ def run_command(
     sees every line.
     Raises :class:`RunFailed` if it exits with a non-zero status and
     :class:`~detctx.MetricsError` if it cannot be started. The command
-    runs in its own process group; if reading is interrupted (Ctrl-C, or
-    :class:`~detctx._cli.signals.Stopped` for SIGTERM / SIGHUP) the same signal
-    goes to that group, which is killed if it is still there after a short wait.
+    runs in its own process group, and its run's id in ``$DETCTX_RUNS``; if
+    reading is interrupted (Ctrl-C, or :class:`~detctx._cli.signals.Stopped`
+    for SIGTERM / SIGHUP) the same signal goes to that group and to every other
+    process of the run (:func:`~detctx._cli.signals.run_processes`), which are
+    killed if they are still there after a short wait. When the command exits,
+    what it left running is stopped the same way, with SIGTERM, and named on
+    ``progress``.
     """
     # Opened first: a log that cannot be written must not leave a command running.
     log = open_for_writing(log_path) if log_path is not None else None
+    run_env = dict(env)
+    run_id = mark_run(run_env)
     try:
         process = subprocess.Popen(
             list(command),
-            env=dict(env),
+            env=run_env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -161,36 +190,93 @@ def run_command(
             points.append(point)
         tracker.update(point)
 
+    def feed(chunk: bytes) -> None:
+        text = reader.decode(chunk)
+        if echo:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        if log is not None:
+            log.write(text)
+        for line in reader.feed(text):
+            take(line)
+
+    stdout = process.stdout
+    assert stdout is not None
     try:
-        stdout = process.stdout
-        assert isinstance(stdout, io.BufferedReader)
-        while True:
-            # read1 returns what the pipe has now, so progress is not held back by buffering.
-            chunk = stdout.read1(65536)
-            if not chunk:
-                break
-            text = reader.decode(chunk)
-            if echo:
-                sys.stdout.write(text)
-                sys.stdout.flush()
-            if log is not None:
-                log.write(text)
-            for line in reader.feed(text):
-                take(line)
+        _read_while_running(process, stdout.fileno(), feed)
+        # Whatever the command left running goes now, before the next run starts.
+        left = stop_run(process, run_id, int(signal.SIGTERM))
+        drained = _drain(stdout.fileno(), feed)
         for line in reader.finish():
             take(line)
         status = process.wait()
     except BaseException as exc:
-        stop_group(process, signal_of(exc))
+        stop_run(process, run_id, signal_of(exc))
         raise
     finally:
+        stdout.close()
         if log is not None:
             log.close()
-    tracker.update(None, final=True)
+    tracker.update(None, final=True)  # ends a terminal's progress line before the notes
+    if left:
+        tracker.stream.write(_left_text(label, left))
+    if not drained:
+        tracker.stream.write(
+            f"{label}: a process the command started still holds its output open, out of "
+            f"reach (it left the command's process group and cleared ${RUNS_ENV}); the "
+            "output after this point is not read\n"
+        )
+    tracker.stream.flush()
     if status != 0:
         ended = _exit_text(status)
         raise RunFailed(f"{label} failed: {shlex.join(command)} {ended}; {_tail(tail)}")
     return Curve(label, tuple(points))
+
+
+def _read_while_running(process: subprocess.Popen[bytes], pipe: int, feed: _Feed) -> None:
+    """Feed the command's output to ``feed`` until the output ends or the command exits.
+
+    The output ends when every process holding the pipe has closed it: a
+    background job or a daemon the command started keeps it open after the
+    command exits, and ``detctx run -n 2 -- sh -c 'sleep 30 & ...'`` waited
+    60.7 s for two ``sleep 30`` (for a daemon: for ever). So the pipe is
+    read only while the command runs; :func:`_drain` reads the rest.
+    """
+    while True:
+        if _SELECTABLE_PIPES and not select.select([pipe], [], [], _WAKE_S)[0]:
+            if command_exited(process):
+                return
+            continue
+        # What the pipe has now, so progress is not held back by buffering.
+        chunk = os.read(pipe, _CHUNK)
+        if not chunk:
+            return
+        feed(chunk)
+        if command_exited(process):
+            return
+
+
+def _drain(pipe: int, feed: _Feed) -> bool:
+    """Feed the rest of the output, once everything the command started is stopped; False
+    when something still held it open after :data:`_DRAIN_S` seconds."""
+    deadline = time.monotonic() + _DRAIN_S
+    while True:
+        wait = deadline - time.monotonic()
+        if _SELECTABLE_PIPES and (wait <= 0 or not select.select([pipe], [], [], wait)[0]):
+            return False
+        chunk = os.read(pipe, _CHUNK)
+        if not chunk:
+            return True
+        feed(chunk)
+
+
+def _left_text(label: str, pids: Sequence[int]) -> str:
+    count = f"{len(pids)} process" + ("" if len(pids) == 1 else "es")
+    shown = ", ".join(map(str, pids[:10])) + (", ..." if len(pids) > 10 else "")
+    return (
+        f"{label}: the command exited and left {count} it started running (pid {shown}); "
+        f"stopped with SIGTERM (SIGKILL for any still there after {GRACE_S:g} s)\n"
+    )
 
 
 def _exit_text(status: int) -> str:
@@ -216,12 +302,13 @@ def _tail(lines: Sequence[str]) -> str:
 def log_file(directory: Path | None, index: int) -> Path | None:
     """Where run ``index`` (1-based) keeps its output, if a log directory was asked for.
 
-    Raises :class:`~detctx.MetricsError` if that path is a symbolic link: it
-    is neither followed nor removed.
+    Raises :class:`~detctx.MetricsError` if that path is a symbolic link, a
+    FIFO or anything but a regular file, or a hard link: it is neither
+    followed, written into nor removed.
     """
     if directory is None:
         return None
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"run{index}.log"
-    refuse_link(path)
+    refuse_planted(path)
     return path

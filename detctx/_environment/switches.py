@@ -87,16 +87,34 @@ class EnvSwitch:
     def capture(self) -> Any:
         return getenv(self.variable)
 
+    def spelling(self, current: str, wanted: str) -> str | None:
+        """The exact value ``current`` stands for among ``wanted`` and :attr:`keep`, or None.
+
+        ``current`` itself when it is one of them as written; the value it names
+        when it differs only by surrounding whitespace or letter case (``' :16:8'``,
+        ``':16:8\\n'``, ``'STRICT'``), since the readers compare what they read
+        exactly: torch's cuBLAS check is a string equality (aten ``Context.cpp``,
+        ``checkCuBLASConfigDeterministic``), so ``' :16:8'`` makes every cuBLAS op
+        under ``use_deterministic_algorithms`` raise, and Python refuses to start
+        with ``PYTHONHASHSEED='5 '``.
+        """
+        accepted = (wanted, *sorted(self.keep))
+        if current in accepted:
+            return current
+        loose = current.strip().lower()
+        return next((value for value in accepted if value.lower() == loose), None)
+
     def target(self, setting: Any, seed: int, current: str | None) -> str | None:
-        """The value the variable must hold for ``setting``; ``current`` when it already
-        satisfies it, None when the setting is ``False`` (leave the variable alone)."""
+        """The value the variable must hold for ``setting``, exactly as its reader accepts
+        it: ``current`` when it already is such a value, its exact spelling when it is
+        one but for whitespace or letter case (:meth:`spelling`), else the value written.
+        None when the setting is ``False`` (leave the variable alone)."""
         if setting is False:
             return None
         value = self.values[setting]
         wanted = value(seed) if callable(value) else value
-        if current is not None and current.strip().lower() in self.keep | {wanted.lower()}:
-            return current
-        return wanted
+        kept = self.spelling(current, wanted) if current is not None else None
+        return wanted if kept is None else kept
 
     def apply(self, setting: Any, seed: int, current: Any) -> str | None:
         wanted = self.target(setting, seed, current)

@@ -128,9 +128,12 @@ def advise(diagnosis: Diagnosis, *, torch_npu_installed: bool = False) -> list[s
             f"strings changes from run to run; export {_export(_HASH_SEED)} (or any fixed value) "
             "before launch (detctx run does)"
         )
+    misspelt = _misspelt(env)
+    advice += misspelt.values()
     # Compared as written: torch's check of the variable is exact (aten Context.cpp,
     # checkCuBLASConfigDeterministic).
-    if "cuda" in types and env.get(_CUBLAS.variable) not in _CUBLAS.on_values:
+    cublas = env.get(_CUBLAS.variable)
+    if "cuda" in types and cublas not in _CUBLAS.on_values and _CUBLAS.name not in misspelt:
         advice.append(
             f"{_CUBLAS.variable} is not {_either(_CUBLAS.on_values)}: cuBLAS matmuls are not "
             f"deterministic; export {_export(_CUBLAS)} before launch (it is read when the first "
@@ -173,6 +176,27 @@ def advise(diagnosis: Diagnosis, *, torch_npu_installed: bool = False) -> list[s
             advice.append(
                 f"{SEED_ENV}={seed} is not a seed in [0, {MAX_SEED}]: deterministic(seed=None) "
                 "will raise; set it to such an integer or unset it"
+            )
+    return advice
+
+
+def _misspelt(env: Mapping[str, str | None]) -> dict[str, str]:
+    """Advice for each switch variable set to an accepted value but for whitespace or
+    letter case, by switch name: the block and ``detctx run`` write the exact value
+    (:meth:`EnvSwitch.spelling`), a process launched with this environment reads it
+    as written."""
+    advice = {}
+    for switch in env_switches():
+        value = env.get(switch.variable)
+        if value is None:
+            continue
+        exact = switch.spelling(value, switch.target(setting=True, seed=0, current=None) or "")
+        if exact is not None and exact != value:
+            advice[switch.name] = (
+                f"{switch.variable}={value!r} differs from {exact!r} by whitespace or letter "
+                "case, which its reader need not ignore (torch compares CUBLAS_WORKSPACE_CONFIG "
+                f"as written); detctx blocks and detctx run set {exact!r} for their duration, "
+                f"but export {switch.variable}={exact} before launch"
             )
     return advice
 
