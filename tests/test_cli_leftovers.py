@@ -114,6 +114,7 @@ def test_what_a_command_leaves_running_is_stopped_when_it_exits(tmp_path, starte
     assert err.count("the command exited and left 1 process it started running") == 2
 
 
+@pytest.mark.slow
 def test_output_held_open_out_of_reach_is_read_for_a_bounded_time_and_said(tmp_path, started):
     pids, runners = started
     runner = detctx_run(tmp_path, pids, "escaped", runs=2)

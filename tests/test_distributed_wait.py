@@ -17,7 +17,10 @@ import pytest
 import torch.distributed as dist
 from conftest import launch_ranks
 
-pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is absent")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is absent"),
+]
 
 WORKER = Path(__file__).with_name("distributed_wait_worker.py")
 

@@ -223,6 +223,7 @@ def test_a_draw_from_a_stream_left_out_of_streams_is_refused_on_the_first_batch(
     assert detctx.fingerprint() == before
 
 
+@pytest.mark.slow
 def test_the_loader_state_loads_with_weights_only_and_says_where_it_stands(
     tmp_path: Path,
 ) -> None:

@@ -12,6 +12,8 @@ import pytest
 import torch
 from conftest import ROOT, TESTS
 
+pytestmark = pytest.mark.slow
+
 RUN_TIMEOUT_S = 300
 
 

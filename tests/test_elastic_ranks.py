@@ -13,9 +13,10 @@ import pytest
 import torch
 from conftest import ROOT, TESTS
 
-pytestmark = pytest.mark.skipif(
-    not torch.distributed.is_available(), reason="torch.distributed is absent"
-)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is absent"),
+]
 
 STEPS = 8
 SAVE_AT = 4  # the second step of the second epoch (3 steps of 6 samples per epoch)

@@ -373,6 +373,7 @@ def test_hypothesis_tests_run_under_the_marker_and_the_option(helpers: pytest.Py
     helpers.runpytest("test_props.py::test_under_the_marker").assert_outcomes(passed=1)
 
 
+@pytest.mark.slow
 def test_pytest_xdist_workers_derive_the_same_seeds(helpers: pytest.Pytester) -> None:
     pytest.importorskip("xdist")
     helpers.makepyfile(test_session=SEEDED_SESSION)
