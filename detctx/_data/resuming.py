@@ -30,6 +30,7 @@ loader leaves for bit-exact resumption:
 
 from __future__ import annotations
 
+import functools
 import importlib
 import warnings
 from collections.abc import Mapping
@@ -38,7 +39,7 @@ from typing import Any, Final
 import torch
 
 from detctx._basics import CheckpointError, MissingDependencyError
-from detctx._data.loader import loader_generator, seed_worker
+from detctx._data.loader import current_rank, loader_generator, seed_worker
 from detctx._data.worker_streams import WorkerStreams
 from detctx._state import Snapshot, capture
 
@@ -73,10 +74,15 @@ def resumable_loader(dataset: Any, *args: Any, seed: int | None = None, **kwargs
     num_workers=2, collate_fn=...``) and returns a ``torchdata``
     ``StatefulDataLoader`` (``pip install 'detctx[resume]'``) with:
 
-    - ``generator=detctx.loader_generator(seed)`` unless one is given: the
-      order and the workers' base seeds come from ``seed`` (or the
-      enclosing block's seed when ``seed`` is ``None``) and this rank;
-    - ``worker_init_fn=detctx.seed_worker`` unless one is given;
+    - ``generator=detctx.loader_generator(seed, rank=0)`` unless one is
+      given: the order and the workers' base seeds come from ``seed`` (or
+      the enclosing block's seed when ``seed`` is ``None``), the same on
+      every rank, so that a distributed sampler wrapped around the loader's
+      sampler (Lightning's ``ddp``, ``ddp_spawn``) splits one order into
+      disjoint shards;
+    - ``worker_init_fn=functools.partial(detctx.seed_worker, rank=r)``
+      unless one is given, ``r`` being this process's rank: each rank's
+      workers get their own streams;
     - the dataset wrapped so that each worker's RNG states (Python, NumPy,
       torch CPU, registered sources) are part of the loader's state.
 
@@ -100,11 +106,14 @@ def resumable_loader(dataset: Any, *args: Any, seed: int | None = None, **kwargs
         )
     streams = WorkerStreams(dataset)
     if kwargs.get("generator") is None:
-        kwargs["generator"] = loader_generator(seed)
+        # One order on every rank: Lightning's distributed sampler wrapper shards the
+        # order each rank's sampler draws, assuming all ranks draw the same one (a per-rank
+        # order gave 2 ranks 11 shared samples of 32). The rank goes into the workers' seeds.
+        kwargs["generator"] = loader_generator(seed, rank=0)
     elif seed is not None:
         raise TypeError("pass either seed= or generator= to resumable_loader, not both")
     if kwargs.get("worker_init_fn") is None:
-        kwargs["worker_init_fn"] = seed_worker
+        kwargs["worker_init_fn"] = functools.partial(seed_worker, rank=current_rank())
     loader_class = _class()
     with warnings.catch_warnings():
         # torchdata 0.11 calls torch.set_vital on every construction, which torch 2.13
@@ -188,6 +197,20 @@ def _check_stateful(loader: Any) -> None:
         )
 
 
+def _epoch_sampler(loader: Any) -> Any:
+    """The loader's sampler that has an epoch (a ``DistributedSampler``, Lightning's wrapper)."""
+    for sampler in (loader.sampler, getattr(loader.batch_sampler, "sampler", None)):
+        epoch = getattr(sampler, "epoch", None)
+        if callable(getattr(sampler, "set_epoch", None)) and type(epoch) is int:
+            return sampler
+    return None
+
+
+def _sampler_epoch(loader: Any) -> int | None:
+    sampler = _epoch_sampler(loader)
+    return None if sampler is None else int(sampler.epoch)
+
+
 def _class() -> type[Any]:
     global _loader_class
     if _loader_class is None:
@@ -213,12 +236,16 @@ def _build_class(base: Any) -> type[Any]:
             generator = self._generator_at_start
             if generator is None and self.generator is not None:
                 generator = self.generator.get_state()
-            return {
+            state = {
                 "format": LOADER_FORMAT,
                 "version": _VERSION,
                 "loader": position,
                 "generator": generator,
             }
+            epoch = _sampler_epoch(self)
+            if epoch is not None:
+                state["sampler_epoch"] = epoch
+            return state
 
         def check_state(self, state: Any) -> None:
             """Raise :class:`~detctx.CheckpointError` unless ``state`` is this loader's kind."""
@@ -249,8 +276,19 @@ def _build_class(base: Any) -> type[Any]:
 
         def load_state_dict(self, state: Mapping[str, Any]) -> None:
             self.check_state(state)
+            epoch = state.get("sampler_epoch")
+            if epoch is not None and (type(epoch) is not int or _sampler_epoch(self) is None):
+                raise CheckpointError(
+                    f"the loader state's sampler epoch {epoch!r} does not fit this loader's "
+                    "sampler (an int, for a sampler with set_epoch and epoch)"
+                )
             super().load_state_dict(dict(state["loader"]))
             self._generator_to_restore = state["generator"]
+            if epoch is not None:
+                # torchdata replays the sampler when the resumed iterator is made, which
+                # Lightning does before it calls set_epoch (fit_loop.py, setup_data): the
+                # replay would read epoch 0's order.
+                _epoch_sampler(self).set_epoch(epoch)
 
         def _get_iterator(self) -> Any:
             resuming = self.next_iter_state is not None
