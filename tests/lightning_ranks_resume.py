@@ -8,15 +8,18 @@
 - ``WORKERS``: ``0``, ``2`` or ``2p`` (2 persistent workers);
 - ``SAMPLER``: ``shuffle`` (the recipe: ``resumable_loader(dataset,
   shuffle=True)``), ``distributed`` (a ``DistributedSampler`` the module
-  builds) or ``random`` (a ``RandomSampler`` with its own generator).
+  builds) or ``random`` (a ``RandomSampler`` with its own generator);
+- ``@SAVED_BY`` (optional, resumed runs): resume from the checkpoint of the
+  case ``SAVED_BY`` (another world size, say).
 
 Each fit trains 2 epochs over :data:`SAMPLES` augmented samples (dropout,
 validation with random noise every 3 steps) under ``DeterministicCallback``,
 saving a checkpoint after every step in ``FOLDER/CASE``. The resumed run
 starts from the checkpoint of :data:`RESUME_AT`, in the middle of the second
-epoch. Each rank writes ``FOLDER/CASE/RUN-RANK.pt``: per training step the
-loss and the sample indices of its batch, the validation losses by step and
-the final weights.
+epoch; a fit that raises (a refusal) writes ``FOLDER/CASE/refused.pt``: the
+message, and whether every RNG is as before the fit. Each rank writes
+``FOLDER/CASE/RUN-RANK.pt``: per training step the loss and the sample
+indices of its batch, the validation losses by step and the final weights.
 """
 
 from __future__ import annotations
@@ -115,6 +118,7 @@ class Model(pl.LightningModule):  # type: ignore[misc]
 
 def fit(case: str, folder: Path, run: str) -> None:
     folder.mkdir(parents=True, exist_ok=True)
+    case, _, saved_by = case.partition("@")
     strategy = case.split("-")[0]
     saver = pl.callbacks.ModelCheckpoint(
         dirpath=folder, filename="{step}", every_n_train_steps=RESUME_AT[strategy], save_top_k=-1
@@ -133,9 +137,16 @@ def fit(case: str, folder: Path, run: str) -> None:
         val_check_interval=3,
         callbacks=[DeterministicCallback(seed=7), saver],
     )
-    resume = run == "resumed"
-    checkpoint = str(folder / f"step={RESUME_AT[strategy]}.ckpt") if resume else None
-    trainer.fit(model, ckpt_path=checkpoint)
+    checkpoint = None
+    if run == "resumed":
+        source = folder.parent / saved_by if saved_by else folder
+        checkpoint = str(source / f"step={RESUME_AT[(saved_by or case).split('-')[0]]}.ckpt")
+    before = detctx.capture()
+    try:
+        trainer.fit(model, ckpt_path=checkpoint)
+    except Exception as exc:  # a refusal: in a ddp_spawn rank, re-raised here by the launcher
+        unchanged = detctx.capture() == before and detctx.open_blocks() == ()
+        torch.save({"refused": str(exc), "unchanged": unchanged}, folder / "refused.pt")
 
 
 def main() -> None:

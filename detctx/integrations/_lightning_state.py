@@ -73,28 +73,34 @@ def rank_entry(state_dict: Any, where: str) -> tuple[Any, list[Any] | None]:
 
 def refuse_unreplayable(trainer: Any) -> None:
     """Raise :class:`~detctx.CheckpointError` when a resumed training loader's order cannot
-    be replayed: Lightning's ``DistributedSamplerWrapper`` around a shuffling sampler.
+    be replayed: Lightning's ``DistributedSamplerWrapper`` around a sampler that shuffles
+    with the loader's own generator (``resumable_loader(dataset, shuffle=True)``).
 
-    The wrapper draws the inner sampler's whole order lazily, from the loader's
-    generator, at the first batch of each epoch; torchdata saves only how many
+    The wrapper draws the inner sampler's whole order at the first batch of each
+    epoch, from the loader's generator, which the loader also draws its workers'
+    base seed from and puts back on resume; torchdata saves only how many
     indices the wrapper yielded (it has no ``state_dict``), so a resumed
     iterator replays an order drawn from another generator state. Measured (2
     ``ddp_spawn`` ranks, 32 samples, resumed at step 6): other samples from the
     first resumed batch on.
     """
     loader = getattr(trainer, "train_dataloader", None)
-    sampler = getattr(loader, "sampler", None)
-    if type(sampler).__name__ != "DistributedSamplerWrapper" or not hasattr(loader, "check_state"):
+    generator = getattr(loader, "generator", None)
+    if generator is None or not callable(getattr(loader, "check_state", None)):
         return
-    inner = getattr(getattr(sampler, "dataset", None), "_sampler", None)
-    if type(inner).__name__ not in ("RandomSampler", "SubsetRandomSampler"):
-        return
-    raise CheckpointError(
-        f"this fit resumes a detctx.resumable_loader whose {type(inner).__name__} Lightning "
-        f"wrapped in a DistributedSamplerWrapper for {trainer.world_size} ranks: the wrapper "
-        "draws each epoch's order lazily from the loader's generator and torchdata cannot "
-        "replay it mid-epoch, so the resumed ranks would read other samples. Give "
-        "train_dataloader a sampler=torch.utils.data.DistributedSampler(dataset, "
-        "shuffle=True, seed=...) instead of shuffle=True (Lightning keeps it, and it resumes "
-        "exactly), or resume from a checkpoint saved at an epoch's end"
-    )
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    for sampler in (getattr(loader, "sampler", None), getattr(batch_sampler, "sampler", None)):
+        inner = getattr(getattr(sampler, "dataset", None), "_sampler", None)
+        if type(sampler).__name__ != "DistributedSamplerWrapper" or (
+            getattr(inner, "generator", None) is not generator
+        ):
+            continue
+        raise CheckpointError(
+            f"this fit resumes a detctx.resumable_loader whose shuffling Lightning wrapped in "
+            f"a DistributedSamplerWrapper for {trainer.world_size} ranks: the wrapper draws "
+            "each epoch's order from the loader's generator, which torchdata cannot replay "
+            "mid-epoch, so the resumed ranks would read other samples. Give train_dataloader "
+            "sampler=torch.utils.data.DistributedSampler(dataset, shuffle=True, seed=...) "
+            "instead of shuffle=True (Lightning keeps it, and it resumes exactly), or resume "
+            "from a checkpoint saved at an epoch's end"
+        )
