@@ -23,10 +23,11 @@ from typing import Any
 
 from typing_extensions import Unpack
 
-from detctx._basics import DeterminismWarning, MissingDependencyError
+from detctx._basics import CheckpointError, DeterminismWarning, MissingDependencyError
 from detctx._blocks import deterministic, open_blocks
 from detctx._data import KeyedCollate, loader_generator
 from detctx._switches import SwitchOptions
+from detctx.integrations._ranks import rank_and_world
 
 __all__ = ["DeterministicCallback"]
 
@@ -43,10 +44,13 @@ def _load_transformers() -> Any:
         ) from exc
 
 
-_TrainerCallback: Any = _load_transformers().TrainerCallback
+_transformers = _load_transformers()
+_TrainerCallback: Any = _transformers.TrainerCallback
+# Its state() goes in trainer_state.json where transformers has ExportableState.
+_ExportableState: Any = getattr(_transformers.trainer_callback, "ExportableState", object)
 
 
-class DeterministicCallback(_TrainerCallback):  # type: ignore[misc]
+class DeterministicCallback(_TrainerCallback, _ExportableState):  # type: ignore[misc]
     """A ``transformers.TrainerCallback`` that scopes every evaluation to ``eval_seed``.
 
     Each evaluation that ``Trainer.train()`` runs (``eval_strategy="steps"``
@@ -99,6 +103,7 @@ class DeterministicCallback(_TrainerCallback):  # type: ignore[misc]
         if not isinstance(resumable, bool):
             raise TypeError(f"resumable must be True or False, got {resumable!r}")
         self._block = deterministic(seed=eval_seed, **switches)
+        self._switches = dict(switches)
         self._open = False
         self.resumable = resumable
         self._collate: KeyedCollate | None = None
@@ -124,7 +129,15 @@ class DeterministicCallback(_TrainerCallback):  # type: ignore[misc]
     # (transformers 4.x and 5.x) shows in:
     #   python -c "import inspect, transformers as t;
     #              print(inspect.getsource(t.Trainer._maybe_log_save_evaluate))"
+    def state(self) -> dict[str, Any]:
+        """What ``trainer_state.json`` keeps of the callback: its arguments and the world
+        size, which a resumed run must have (each rank's ``rng_state_<rank>.pth`` and data
+        shard belong to it)."""
+        arguments = {"eval_seed": self.eval_seed, "resumable": self.resumable, **self._switches}
+        return {"args": arguments, "attributes": {"saved_world_size": _world_size()}}
+
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        _refuse_other_world_size(state)
         self.close()
         self._collate = None
         self._persistent = _persistent_workers(args)
@@ -188,6 +201,29 @@ class DeterministicCallback(_TrainerCallback):  # type: ignore[misc]
             DeterminismWarning,
             stacklevel=2,
         )
+
+
+def _world_size() -> int:
+    return rank_and_world()[1]
+
+
+def _refuse_other_world_size(state: Any) -> None:
+    """Raise :class:`~detctx.CheckpointError` when a resumed ``TrainerState`` was saved by
+    another number of processes. The Trainer itself warns and goes on: it looks for
+    ``rng_state_<rank>.pth`` (or ``rng_state.pth`` alone), and the sampler shards the
+    data for the new world size, so the resumed run reads other batches."""
+    saved = (getattr(state, "stateful_callbacks", None) or {}).get("DeterministicCallback")
+    saved = saved[0] if isinstance(saved, list) and saved else saved
+    attributes = saved.get("attributes") if isinstance(saved, dict) else None
+    world = attributes.get("saved_world_size") if isinstance(attributes, dict) else None
+    if world is None or world == _world_size():
+        return
+    raise CheckpointError(
+        f"the checkpoint was saved by {world} process(es) (world size {world}) and is resumed "
+        f"by {_world_size()} (this is rank {rank_and_world()[0]}): each rank's "
+        "rng_state_<rank>.pth and data shard belong to the world size that saved them. "
+        f"Resume with {world} process(es), or start a new run from the checkpoint's weights"
+    )
 
 
 def _persistent_workers(args: Any) -> bool:
