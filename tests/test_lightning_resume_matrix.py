@@ -17,6 +17,8 @@ import pytest
 import torch
 from conftest import ROOT, TESTS
 
+import detctx
+
 pytest.importorskip("lightning.pytorch")
 pytest.importorskip("torchdata.stateful_dataloader")
 
@@ -131,3 +133,25 @@ def test_ddp_spawn_ranks_read_disjoint_covering_shards_and_each_resumes_its_own_
         assert_resumed_bit_for_bit(tmp_path, case)
     assert_refused_with_nothing_changed(tmp_path, SPAWN_REFUSED, "DistributedSamplerWrapper")
     assert_refused_with_nothing_changed(tmp_path, OTHER_WORLD, "world size 2", "resumed by 1")
+
+
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")
+def test_a_distributed_samplers_epoch_travels_with_the_loader_state() -> None:
+    # Lightning makes the resumed loader's iterator before it calls set_epoch, and
+    # torchdata replays the sampler's order right there.
+    def loader() -> Any:
+        points = list(range(12))
+        sampler = torch.utils.data.DistributedSampler(points, num_replicas=1, rank=0, seed=3)
+        return detctx.resumable_loader(points, batch_size=2, sampler=sampler)
+
+    straight = loader()
+    straight.sampler.set_epoch(1)
+    iterator = iter(straight)
+    next(iterator)
+    state = straight.state_dict()
+    rest = [batch.tolist() for batch in iterator]
+
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert [batch.tolist() for batch in resumed] == rest
+    assert state["sampler_epoch"] == 1 and resumed.sampler.epoch == 1
