@@ -155,3 +155,10 @@ def test_a_distributed_samplers_epoch_travels_with_the_loader_state() -> None:
     resumed.load_state_dict(state)
     assert [batch.tolist() for batch in resumed] == rest
     assert state["sampler_epoch"] == 1 and resumed.sampler.epoch == 1
+
+    # A crafted epoch, or an epoch for a loader whose sampler has none, changes nothing.
+    shuffled = detctx.resumable_loader(list(range(12)), batch_size=2, shuffle=True)
+    for target, crafted in ((loader(), {**state, "sampler_epoch": "1"}), (shuffled, state)):
+        with pytest.raises(detctx.CheckpointError, match="sampler epoch"):
+            target.load_state_dict(crafted)
+        assert target.next_iter_state is None

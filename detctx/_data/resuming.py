@@ -273,15 +273,16 @@ def _build_class(base: Any) -> type[Any]:
                     )
             if not isinstance(state.get("loader"), Mapping):
                 raise CheckpointError("the loader state has no 'loader' position")
-
-        def load_state_dict(self, state: Mapping[str, Any]) -> None:
-            self.check_state(state)
             epoch = state.get("sampler_epoch")
             if epoch is not None and (type(epoch) is not int or _sampler_epoch(self) is None):
                 raise CheckpointError(
                     f"the loader state's sampler epoch {epoch!r} does not fit this loader's "
                     "sampler (an int, for a sampler with set_epoch and epoch)"
                 )
+
+        def load_state_dict(self, state: Mapping[str, Any]) -> None:
+            self.check_state(state)
+            epoch = state.get("sampler_epoch")
             super().load_state_dict(dict(state["loader"]))
             self._generator_to_restore = state["generator"]
             if epoch is not None:
