@@ -164,7 +164,7 @@ def saved_rng(tmp_path: Path, in_validation: bool) -> tuple[str, bool]:
     callbacks = [DeterministicCallback(seed=SEED), checkpoints, WhereSaved()]
     trainer(max_epochs=1, callbacks=callbacks, enable_checkpointing=True).fit(build_model())
     saved = torch.load(folder / "epoch=0.ckpt", weights_only=True)
-    state = saved["callbacks"]["detctx.DeterministicCallback"]["rng"]
+    (state,) = [rank["rng"] for rank in saved["callbacks"]["detctx.DeterministicCallback"]["ranks"]]
     return detctx.Snapshot.from_state_dict(state).fingerprint(), where[0]
 
 
@@ -237,6 +237,15 @@ def test_a_crafted_checkpoint_state_is_refused_before_any_rng_changes() -> None:
         {**good, "version": 99},
         {key: value for key, value in good.items() if key != "rng"},
         {**good, "rng": {**good["rng"], "sources": {"torch": "garbage"}}},
+    ]
+    by_rank = {key: value for key, value in good.items() if key != "rng"}
+    crafted += [
+        {**by_rank, "ranks": []},
+        {**by_rank, "ranks": "rank 0"},
+        {**by_rank, "ranks": [{"loaders": None}]},
+        {**by_rank, "ranks": [{"rng": good["rng"], "loaders": "not a list"}]},
+        # Saved by 2 processes, resumed by this one.
+        {**by_rank, "ranks": [{"rng": good["rng"], "loaders": None}] * 2},
     ]
     for state in crafted:
         with pytest.raises(detctx.CheckpointError):

@@ -56,15 +56,16 @@ def test_a_trainer_resumed_from_a_mid_epoch_save_steps_checkpoint_continues_bit_
 ) -> None:
     pytest.importorskip("transformers")
     # The masked-LM collator draws its masks at random, evaluation runs every 2 steps,
-    # checkpoint-10 is the second batch of the second epoch; 0 and 2 loader workers.
-    run_script("transformers_resume.py", str(tmp_path), "straight", "0", "2")
-    run_script("transformers_resume.py", str(tmp_path), "resumed", "0", "2")
-    for workers in ("0", "2"):
-        straight = torch.load(tmp_path / workers / "straight.pt")
-        resumed = torch.load(tmp_path / workers / "resumed.pt")
-        assert sorted(straight["train"]) == list(range(1, 13))
-        assert sorted(resumed["eval"]) == [2, 4, 6, 8, 10, 12]
-        assert (straight["steps_here"], resumed["steps_here"]) == (12, 2)
+    # checkpoint-10 is the second batch of the second epoch, and the resumed run crosses
+    # into the third at step 16; 0, 2 and 2 persistent loader workers.
+    run_script("transformers_resume.py", str(tmp_path), "straight", "0", "2", "2p")
+    run_script("transformers_resume.py", str(tmp_path), "resumed", "0", "2", "2p")
+    for workers in ("0", "2", "2p"):
+        straight = torch.load(tmp_path / workers / "straight-0.pt")
+        resumed = torch.load(tmp_path / workers / "resumed-0.pt")
+        assert sorted(straight["train"]) == list(range(1, 21))
+        assert sorted(resumed["eval"]) == list(range(2, 21, 2))
+        assert (straight["steps_here"], resumed["steps_here"]) == (20, 10)
         # The resumed run's history starts with the checkpoint's (steps 1 to 10).
         assert resumed["train"] == straight["train"], workers
         assert resumed["eval"] == straight["eval"], workers

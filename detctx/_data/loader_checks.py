@@ -219,6 +219,18 @@ def check_draws(loader: Any, state: Mapping[str, Any], where: str) -> None:
         if torch.equal(state["generator"], scratch.get_state()):
             break
     else:
+        if not shares and type(sampler).__module__.split(".")[0] not in ("torch", "torchdata"):
+            # Lightning's DistributedSamplerWrapper (ddp, ddp_spawn, shuffle=True) draws each
+            # epoch's order from the loader's generator at the epoch's first batch; torchdata
+            # keeps only how many indices it yielded, so no resume can replay that order.
+            raise CheckpointError(
+                f"{where}: this loader's sampler is a {type(sampler).__name__}, which draws its "
+                "order from the loader's generator in a way a resume cannot replay (Lightning "
+                "wraps shuffle=True in a DistributedSamplerWrapper under ddp and ddp_spawn): "
+                "give the loader sampler=torch.utils.data.DistributedSampler(dataset, "
+                "shuffle=True, seed=...) instead of shuffle=True, or resume from a checkpoint "
+                "saved at an epoch's end"
+            )
         raise CheckpointError(
             f"{where}['generator'] does not follow from {where}['generator_before'] by this "
             "loader's draws (its order and the workers' base seed): the state was edited, or "

@@ -31,13 +31,14 @@ loader leaves for bit-exact resumption:
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Mapping
 from typing import Any, Final
 
 from detctx._basics import CheckpointError
 from detctx._data.elastic import ElasticLoader
-from detctx._data.loader import loader_generator, seed_worker
+from detctx._data.loader import current_rank, loader_generator, seed_worker
 from detctx._data.loader_state import LOADER_FORMAT, is_resumable, resumable_class
 from detctx._data.samplers import prepare_samplers
 from detctx._data.untrusted import same_plain, shown
@@ -59,10 +60,15 @@ def resumable_loader(dataset: Any, *args: Any, seed: int | None = None, **kwargs
     num_workers=2, collate_fn=...``) and returns a ``torchdata``
     ``StatefulDataLoader`` (``pip install 'detctx[resume]'``) with:
 
-    - ``generator=detctx.loader_generator(seed)`` unless one is given: the
-      order and the workers' base seeds come from ``seed`` (or the
-      enclosing block's seed when ``seed`` is ``None``) and this rank;
-    - ``worker_init_fn=detctx.seed_worker`` unless one is given;
+    - ``generator=detctx.loader_generator(seed, rank=0)`` unless one is
+      given: the order and the workers' base seeds come from ``seed`` (or
+      the enclosing block's seed when ``seed`` is ``None``), the same on
+      every rank, so that a distributed sampler wrapped around the loader's
+      sampler (Lightning's ``ddp``, ``ddp_spawn``) splits one order into
+      disjoint shards;
+    - ``worker_init_fn=functools.partial(detctx.seed_worker, rank=r)``
+      unless one is given, ``r`` being this process's rank: each rank's
+      workers get their own streams;
     - the dataset wrapped so that each worker's RNG states (Python, NumPy,
       torch CPU, registered sources) are part of the loader's state.
 
@@ -100,11 +106,14 @@ def resumable_loader(dataset: Any, *args: Any, seed: int | None = None, **kwargs
         )
     streams = WorkerStreams(dataset)
     if kwargs.get("generator") is None:
-        kwargs["generator"] = loader_generator(seed)
+        # One order on every rank: Lightning's distributed sampler wrapper shards the
+        # order each rank's sampler draws, assuming all ranks draw the same one (a per-rank
+        # order gave 2 ranks 11 shared samples of 32). The rank goes into the workers' seeds.
+        kwargs["generator"] = loader_generator(seed, rank=0)
     elif seed is not None:
         raise TypeError("pass either seed= or generator= to resumable_loader, not both")
     if kwargs.get("worker_init_fn") is None:
-        kwargs["worker_init_fn"] = seed_worker
+        kwargs["worker_init_fn"] = functools.partial(seed_worker, rank=current_rank())
     loader_class = resumable_class()
     prepare_samplers(kwargs)
     with warnings.catch_warnings():

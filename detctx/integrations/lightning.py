@@ -29,18 +29,13 @@ What it does, in every process of the run (``ddp_spawn`` children too):
   data loader iterator to its end. Each starts from the same state, and the
   training RNG streams continue as if it had never run: the training loss
   curve does not depend on how often validation runs.
-- Checkpoints carry the training RNG state (the callback's ``state_dict``, as
-  plain tensors and ints); ``fit(ckpt_path=...)`` checks it in full, then
-  restores it, so a run resumed at an epoch boundary continues bit for bit.
+- Checkpoints carry every rank's training RNG state and training loader
+  states (plain tensors and ints); ``fit(ckpt_path=...)`` checks them in
+  full, refuses another world size, and gives each rank its own. With
+  ``detctx.resumable_loader(...)`` a mid-epoch resume continues bit for bit.
 
-Best-effort: anything that draws random numbers before the ``setup`` hook
-(building the model, a ``LightningDataModule.setup`` that splits at random)
-is outside the callback; build the model inside
-``with detctx.deterministic(seed=...)`` and give ``random_split`` its own
-generator. A resume in the middle of an epoch continues bit for bit when
-the training loader is ``detctx.resumable_loader(...)``, whose position and
-workers' streams Lightning saves; a plain ``DataLoader`` has no position to
-restore.
+Best-effort: random work before the ``setup`` hook (building the model, a
+``LightningDataModule.setup`` that splits at random) is outside the callback.
 """
 
 from __future__ import annotations
@@ -50,7 +45,7 @@ import importlib
 import os
 import sys
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -58,7 +53,6 @@ from typing_extensions import Unpack
 
 from detctx._basics import (
     DEFAULT_SEED,
-    CheckpointError,
     DeterminismWarning,
     MissingDependencyError,
     resolve_seed,
@@ -67,6 +61,14 @@ from detctx._basics import (
 from detctx._blocks import deterministic
 from detctx._state import Snapshot
 from detctx._switches import SwitchOptions
+from detctx.integrations._lightning_state import (
+    STATE_FORMAT,
+    STATE_VERSION,
+    fit_loop_state,
+    rank_entry,
+    refuse_unreplayable,
+)
+from detctx.integrations._ranks import gather_ranks
 
 # DeterministicCallback is provided by the module's __getattr__, built on first use.
 __all__ = ["FRAMEWORKS", "STATE_FORMAT", "DeterministicCallback", "callback_class"]  # noqa: F822
@@ -74,10 +76,6 @@ __all__ = ["FRAMEWORKS", "STATE_FORMAT", "DeterministicCallback", "callback_clas
 FRAMEWORKS = ("lightning.pytorch", "pytorch_lightning")
 """The Lightning packages the callback can be built for, preferred first."""
 
-STATE_FORMAT = "detctx.lightning"
-"""The ``"format"`` entry of the callback's checkpoint state."""
-
-_STATE_VERSION = 1
 _classes: dict[str, type[Any]] = {}
 
 
@@ -150,19 +148,19 @@ def _rebuild(framework: str, config: dict[str, Any]) -> Any:
     return callback_class(framework)(**config)
 
 
+# A fit resumed from a checkpoint saved just before a validation skips that validation, but
+# ``increment_progress_to_evaluation_end`` still makes its loader's iterator, which draws a
+# base seed from torch's stream (Lightning 2.6, training_epoch_loop.py, ``advance``).
+_SCOPED_METHODS = ("run", "increment_progress_to_evaluation_end")
+
+
 def _eval_loops(trainer: Any) -> list[Any]:
     """The trainer's loops that evaluate or predict (those it has, by attribute name)."""
-    fit_loop = getattr(trainer, "fit_loop", None)
-    epoch_loop = getattr(fit_loop, "epoch_loop", None)
-    candidates = [
-        getattr(epoch_loop, "val_loop", None),
-        getattr(trainer, "validate_loop", None),
-        getattr(trainer, "test_loop", None),
-        getattr(trainer, "predict_loop", None),
+    epoch_loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
+    candidates = [getattr(epoch_loop, "val_loop", None)] + [
+        getattr(trainer, f"{name}_loop", None) for name in ("validate", "test", "predict")
     ]
-    return [
-        loop for loop in candidates if loop is not None and callable(getattr(loop, "run", None))
-    ]
+    return [loop for loop in candidates if callable(getattr(loop, "run", None))]
 
 
 class _DeterministicCallback:
@@ -192,7 +190,7 @@ class _DeterministicCallback:
         self._run_block = deterministic(self.seed, **switches)
         self._eval_block = deterministic(self.eval_seed, **switches)
         self._open = False
-        self._patched: list[Any] = []
+        self._patched: list[tuple[Any, str]] = []
         # The training streams while an evaluation loop runs (checkpoints saved
         # then must hold them, not the evaluation's), and after the run ends.
         self._paused: list[Snapshot] = []
@@ -200,6 +198,7 @@ class _DeterministicCallback:
         self._pending: Snapshot | None = None
         self._resumed = False
         self._reseed_checked = False
+        self._checked_entry: tuple[Any, Snapshot] | None = None
 
     def __repr__(self) -> str:
         return f"DeterministicCallback(seed={self.seed}, eval_seed={self.eval_seed})"
@@ -228,8 +227,10 @@ class _DeterministicCallback:
             os.environ["PL_GLOBAL_SEED"] = str(self.seed)
             os.environ["PL_SEED_WORKERS"] = "1"
             for loop in _eval_loops(trainer):
-                loop.run = self._scoped(loop.run)
-                self._patched.append(loop)
+                for name in _SCOPED_METHODS:
+                    if callable(getattr(loop, name, None)):
+                        setattr(loop, name, self._scoped(getattr(loop, name)))
+                        self._patched.append((loop, name))
             if self._pending is not None:
                 pending, self._pending = self._pending, None
                 pending.restore()
@@ -259,7 +260,9 @@ class _DeterministicCallback:
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         # Called after Lightning restored the checkpoint (if any), whatever the strategy.
-        if getattr(trainer, "ckpt_path", None) is not None and not self._resumed:
+        if self._resumed:
+            refuse_unreplayable(trainer)
+        elif getattr(trainer, "ckpt_path", None) is not None:
             warnings.warn(
                 f"the checkpoint {trainer.ckpt_path} holds no detctx RNG state (it was saved "
                 f"without DeterministicCallback), so this run continues from seed {self.seed}, "
@@ -270,7 +273,10 @@ class _DeterministicCallback:
             )
 
     def state_dict(self) -> dict[str, Any]:
-        """The training RNG state (plain data), with the seeds it was reached from."""
+        """This process's training RNG state (plain data), with the seeds it was reached from.
+
+        In a checkpoint, ``on_save_checkpoint`` replaces ``"rng"`` by ``"ranks"``:
+        every rank's RNG state and training loader states, by rank."""
         if self._paused:
             state = self._paused[-1]
         elif self._open or self._last is None:
@@ -279,17 +285,40 @@ class _DeterministicCallback:
             state = self._last
         return {
             "format": STATE_FORMAT,
-            "version": _STATE_VERSION,
+            "version": STATE_VERSION,
             "seed": self.seed,
             "eval_seed": self.eval_seed,
             "rng": state.state_dict(),
         }
 
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: Any) -> None:
+        # Built on every rank, written from rank 0: gather every rank's state into it.
+        entry = checkpoint.get("callbacks", {}).get(self.state_key)
+        if isinstance(entry, dict) and "rng" in entry:
+            fit_state = fit_loop_state(checkpoint) or {}
+            loaders = fit_state.get("combined_loader")
+            entry["ranks"] = gather_ranks({"rng": entry.pop("rng"), "loaders": loaders})
+
+    def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: Any) -> None:
+        # Before Lightning restores its loops: this rank's loader states replace rank 0's.
+        entry = checkpoint.get("callbacks", {}).get(self.state_key)
+        if entry is not None:
+            snapshot, loaders = self._checked(entry)
+            self._checked_entry = (entry, snapshot)
+            fit_state = fit_loop_state(checkpoint)
+            if loaders is not None and fit_state is not None:
+                fit_state["combined_loader"] = loaders
+
     def load_state_dict(self, state_dict: Any) -> None:
-        """Check ``state_dict`` in full, then put its RNG state in place (at ``setup`` if
-        the run has not started). Raises :class:`~detctx.CheckpointError`, with
-        nothing changed, for anything that is not such a state."""
-        snapshot = self._checked(state_dict)
+        """Check ``state_dict`` in full, then put this rank's RNG state in place (at
+        ``setup`` if the run has not started). Raises :class:`~detctx.CheckpointError`,
+        with nothing changed, for anything that is not such a state or that was saved
+        by another number of processes."""
+        checked, self._checked_entry = self._checked_entry, None
+        if checked is not None and checked[0] is state_dict:
+            snapshot = checked[1]
+        else:
+            snapshot = self._checked(state_dict)[0]
         self._resumed = True
         if self._open:
             snapshot.restore()
@@ -298,23 +327,10 @@ class _DeterministicCallback:
 
     # Machinery.
 
-    def _checked(self, state_dict: Any) -> Snapshot:
-        if not isinstance(state_dict, Mapping):
-            raise CheckpointError(
-                f"the checkpoint's {self.state_key!r} entry is a {type(state_dict).__name__}, "
-                "not the dict DeterministicCallback saves; was it written by another callback?"
-            )
-        header = (state_dict.get("format"), state_dict.get("version"))
-        if header != (STATE_FORMAT, _STATE_VERSION):
-            raise CheckpointError(
-                f"the checkpoint's {self.state_key!r} entry has format "
-                f"{state_dict.get('format')!r} version {state_dict.get('version')!r}; this detctx "
-                f"reads {STATE_FORMAT!r} version {_STATE_VERSION}. Resume with the detctx "
-                "version that saved it"
-            )
-        if "rng" not in state_dict:
-            raise CheckpointError(f"the checkpoint's {self.state_key!r} entry has no 'rng' state")
-        snapshot = Snapshot.from_state_dict(state_dict["rng"])
+    def _checked(self, state_dict: Any) -> tuple[Snapshot, Any]:
+        """This rank's RNG snapshot and training loader states (``None``: not saved)."""
+        rng, loaders = rank_entry(state_dict, f"the checkpoint's {self.state_key!r} entry")
+        snapshot = Snapshot.from_state_dict(rng)
         saved = (state_dict.get("seed"), state_dict.get("eval_seed"))
         if saved != (self.seed, self.eval_seed):
             warnings.warn(
@@ -325,7 +341,7 @@ class _DeterministicCallback:
                 DeterminismWarning,
                 stacklevel=1,
             )
-        return snapshot
+        return snapshot, loaders
 
     def _warn_if_reseeded(self, *, torch_seed: bool = False) -> None:
         """Warn, once per stage, when the run's seed was changed since ``setup``.
@@ -370,9 +386,9 @@ class _DeterministicCallback:
             return
         self._open = False
         first_error: BaseException | None = None
-        for loop in self._patched:
+        for loop, name in self._patched:
             try:
-                del loop.run
+                delattr(loop, name)
             except AttributeError as exc:
                 first_error = first_error or exc
         self._patched.clear()

@@ -23,10 +23,11 @@ from typing import Any
 
 from typing_extensions import Unpack
 
-from detctx._basics import DeterminismWarning, MissingDependencyError
+from detctx._basics import CheckpointError, DeterminismWarning, MissingDependencyError
 from detctx._blocks import deterministic, open_blocks
-from detctx._data import KeyedCollate
+from detctx._data import KeyedCollate, loader_generator
 from detctx._switches import SwitchOptions
+from detctx.integrations._ranks import rank_and_world
 
 __all__ = ["DeterministicCallback"]
 
@@ -43,10 +44,13 @@ def _load_transformers() -> Any:
         ) from exc
 
 
-_TrainerCallback: Any = _load_transformers().TrainerCallback
+_transformers = _load_transformers()
+_TrainerCallback: Any = _transformers.TrainerCallback
+# Its state() goes in trainer_state.json where transformers has ExportableState.
+_ExportableState: Any = getattr(_transformers.trainer_callback, "ExportableState", object)
 
 
-class DeterministicCallback(_TrainerCallback):  # type: ignore[misc]
+class DeterministicCallback(_TrainerCallback, _ExportableState):  # type: ignore[misc]
     """A ``transformers.TrainerCallback`` that scopes every evaluation to ``eval_seed``.
 
     Each evaluation that ``Trainer.train()`` runs (``eval_strategy="steps"``
@@ -99,9 +103,11 @@ class DeterministicCallback(_TrainerCallback):  # type: ignore[misc]
         if not isinstance(resumable, bool):
             raise TypeError(f"resumable must be True or False, got {resumable!r}")
         self._block = deterministic(seed=eval_seed, **switches)
+        self._switches = dict(switches)
         self._open = False
         self.resumable = resumable
         self._collate: KeyedCollate | None = None
+        self._persistent = False
 
     @property
     def eval_seed(self) -> int | None:
@@ -123,13 +129,25 @@ class DeterministicCallback(_TrainerCallback):  # type: ignore[misc]
     # (transformers 4.x and 5.x) shows in:
     #   python -c "import inspect, transformers as t;
     #              print(inspect.getsource(t.Trainer._maybe_log_save_evaluate))"
+    def state(self) -> dict[str, Any]:
+        """What ``trainer_state.json`` keeps of the callback: its arguments and the world
+        size, which a resumed run must have (each rank's ``rng_state_<rank>.pth`` and data
+        shard belong to it)."""
+        arguments = {"eval_seed": self.eval_seed, "resumable": self.resumable, **self._switches}
+        return {"args": arguments, "attributes": {"saved_world_size": _world_size()}}
+
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        _refuse_other_world_size(state)
         self.close()
         self._collate = None
+        self._persistent = _persistent_workers(args)
         if self.resumable:
-            self._collate = _key_collate(kwargs.get("train_dataloader"), int(args.seed))
+            loader = kwargs.get("train_dataloader")
+            self._collate = _key_collate(loader, int(args.seed))
+            if self._persistent:
+                _own_base_seeds(loader, int(args.seed), int(args.process_index))
         if getattr(args, "eval_on_start", False):
-            self._enter()
+            self._enter(kwargs)
 
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         # Before the epoch's loader iterator (and its workers) is made. With persistent
@@ -139,11 +157,11 @@ class DeterministicCallback(_TrainerCallback):  # type: ignore[misc]
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if control.should_evaluate:
-            self._enter()
+            self._enter(kwargs)
 
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if control.should_evaluate:
-            self._enter()
+            self._enter(kwargs)
 
     def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._open:
@@ -164,8 +182,10 @@ class DeterministicCallback(_TrainerCallback):  # type: ignore[misc]
             self._open = False
             self._block.__exit__(None, None, None)
 
-    def _enter(self) -> None:
+    def _enter(self, events: dict[str, Any]) -> None:
         if not self._open:
+            if self._persistent:
+                _restart_workers(events.get("eval_dataloader"))
             self._block.__enter__()
             self._open = True
 
@@ -181,6 +201,66 @@ class DeterministicCallback(_TrainerCallback):  # type: ignore[misc]
             DeterminismWarning,
             stacklevel=2,
         )
+
+
+def _world_size() -> int:
+    return rank_and_world()[1]
+
+
+def _refuse_other_world_size(state: Any) -> None:
+    """Raise :class:`~detctx.CheckpointError` when a resumed ``TrainerState`` was saved by
+    another number of processes. The Trainer itself warns and goes on: it looks for
+    ``rng_state_<rank>.pth`` (or ``rng_state.pth`` alone), and the sampler shards the
+    data for the new world size, so the resumed run reads other batches."""
+    saved = (getattr(state, "stateful_callbacks", None) or {}).get("DeterministicCallback")
+    saved = saved[0] if isinstance(saved, list) and saved else saved
+    attributes = saved.get("attributes") if isinstance(saved, dict) else None
+    world = attributes.get("saved_world_size") if isinstance(attributes, dict) else None
+    if world is None or world == _world_size():
+        return
+    raise CheckpointError(
+        f"the checkpoint was saved by {world} process(es) (world size {world}) and is resumed "
+        f"by {_world_size()} (this is rank {rank_and_world()[0]}): each rank's "
+        "rng_state_<rank>.pth and data shard belong to the world size that saved them. "
+        f"Resume with {world} process(es), or start a new run from the checkpoint's weights"
+    )
+
+
+def _persistent_workers(args: Any) -> bool:
+    workers = getattr(args, "dataloader_num_workers", 0)
+    return bool(getattr(args, "dataloader_persistent_workers", False)) and bool(workers)
+
+
+def _own_base_seeds(loader: Any, seed: int, rank: int) -> None:
+    """Give the training ``DataLoader`` a generator of its own for its workers' base seed.
+
+    Without one, the base seed is drawn from torch's stream when the loader's
+    iterator is made: once, in the first epoch, with persistent workers; but a
+    run resumed in a later epoch makes it again at the next epoch (the resumed
+    epoch ran on the loader ``skip_first_batches`` built), one draw more from
+    the training stream than the straight run, and every later dropout mask
+    differs (transformers 5.24, accelerate 1.15: equal until the next epoch
+    boundary, then up to 0.021 apart).
+    """
+    base = getattr(loader, "base_dataloader", loader)
+    if base is not None and getattr(base, "generator", None) is None:
+        base.generator = loader_generator(seed, rank=rank)
+
+
+def _restart_workers(loader: Any) -> None:
+    """Shut down the persistent workers of the evaluation loader before an evaluation.
+
+    Persistent workers keep their RNG streams from one evaluation to the next,
+    so a random eval collator's masks depend on how many evaluations came
+    before, and a resumed run (whose eval loader starts afresh) evaluates with
+    other masks (measured: eval losses up to 0.051 apart). Started afresh inside
+    the evaluation's block, the workers are seeded from ``eval_seed`` each time.
+    """
+    base = getattr(loader, "base_dataloader", loader)
+    # torch's DataLoader keeps a persistent iterator in ``_iterator`` and makes a new one,
+    # with new workers and a new base seed, when it is None (torch/utils/data/dataloader.py).
+    if base is not None and getattr(base, "_iterator", None) is not None:
+        base._iterator = None
 
 
 def _key_collate(loader: Any, seed: int) -> KeyedCollate | None:
