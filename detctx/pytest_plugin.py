@@ -16,14 +16,15 @@ when ``--detctx-seed`` is given. ``pytest -p no:detctx`` disables it.
 from __future__ import annotations
 
 import argparse
-import hashlib
+import contextlib
+import warnings
 from collections.abc import Generator, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 # Nothing of torch or NumPy: the seed parser and the derivation import NumPy only inside.
-from detctx._basics import derive_seed, parse_seed
+from detctx._basics import node_seed, parse_seed
 
 if TYPE_CHECKING:
     from detctx._blocks import Seeding, deterministic
@@ -32,18 +33,6 @@ __all__ = ["node_seed"]
 
 _MARKER = "deterministic"
 _PROPERTY = "detctx_seed"
-
-
-def node_seed(session_seed: int, nodeid: str) -> int:
-    """The seed ``--detctx-seed session_seed`` gives the test ``nodeid``.
-
-    It depends only on the two (a hash of the node id, not the run order or
-    the worker), so rerunning a single test with the same ``--detctx-seed``,
-    with or without pytest-xdist, gives it the same seed.
-    """
-    digest = hashlib.blake2b(nodeid.encode("utf-8"), digest_size=8).digest()
-    key = (int.from_bytes(digest[:4], "little"), int.from_bytes(digest[4:], "little"))
-    return derive_seed(session_seed, *key)
 
 
 def _seed_argument(text: str) -> int:
@@ -130,7 +119,7 @@ def _detctx_block(request: pytest.FixtureRequest) -> Iterator[Seeding | None]:
     if block is None:
         yield None
         return
-    with block as seeding:
+    with block as seeding, _randomly_paused(item.config):
         item.user_properties.append((_PROPERTY, seeding.seed))
         # A @given test: each example also runs in its own entry of the block.
         from detctx.integrations.hypothesis import examples_in
@@ -139,8 +128,31 @@ def _detctx_block(request: pytest.FixtureRequest) -> Iterator[Seeding | None]:
             yield seeding
 
 
+@contextlib.contextmanager
+def _randomly_paused(config: pytest.Config) -> Iterator[None]:
+    """pytest-randomly's per-test reseeding held off while the test runs in a block.
+
+    pytest-randomly reseeds ``random`` and NumPy from its own seed in
+    ``pytest_runtest_call``, after the fixtures (this block among them) are
+    set up and just before the test's body: the body would draw from its
+    streams, not the block's. Its reseed before the setup still runs, so
+    tests outside blocks keep its order-independent seeds.
+    """
+    option = config.option
+    if not getattr(option, "randomly_reset_seed", False):
+        yield
+        return
+    option.randomly_reset_seed = False
+    try:
+        yield
+    finally:
+        option.randomly_reset_seed = True
+
+
 @pytest.fixture
-def detctx_seeding(_detctx_block: Seeding | None) -> Iterator[Seeding]:
+def detctx_seeding(
+    request: pytest.FixtureRequest, _detctx_block: Seeding | None
+) -> Iterator[Seeding]:
     """The :class:`~detctx.Seeding` the test runs under.
 
     That of the marker's (or ``--detctx-seed``'s) block; without either, the
@@ -151,13 +163,23 @@ def detctx_seeding(_detctx_block: Seeding | None) -> Iterator[Seeding]:
         return
     from detctx._blocks import deterministic
 
-    with deterministic() as seeding:
+    with deterministic() as seeding, _randomly_paused(request.config):
         yield seeding
 
 
 @pytest.fixture
-def detctx_run(detctx_seeding: Seeding) -> Seeding:
-    """The former name of :func:`detctx_seeding`, kept for existing tests."""
+def detctx_run(request: pytest.FixtureRequest, detctx_seeding: Seeding) -> Seeding:
+    """The former name of :func:`detctx_seeding`, deprecated: it warns, at the test that asks
+    for it."""
+    # The test's own line: the frames above a fixture are pytest's, never the user's.
+    code = request.function.__code__
+    warnings.warn_explicit(
+        "the detctx_run fixture is deprecated and will be removed: use detctx_seeding",
+        DeprecationWarning,
+        code.co_filename,
+        code.co_firstlineno,
+        module=request.module.__name__,
+    )
     return detctx_seeding
 
 

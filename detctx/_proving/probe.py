@@ -23,6 +23,7 @@ from detctx._basics import DeterminismWarning, as_integer
 from detctx._blocks import deterministic
 from detctx._proving.probe_catalogue import PROBE_OPS, ProbeOp
 from detctx._sources import active_accelerators, device_module
+from detctx._state import canonical_bytes
 
 __all__ = ["PROBE_OPS", "ProbeOp", "ProbeReport", "ProbeRow", "probe_devices", "run_probe"]
 
@@ -177,12 +178,8 @@ def _repeat(thunk: Any, runs: int, device: torch.device) -> tuple[bool, float]:
     return all(result == results[0] for result in results), min(times)
 
 
-def _bits(out: Any) -> list[bytes]:
-    tensors = list(out) if isinstance(out, (tuple, list)) else [out]
-    return [
-        t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-        for t in tensors
-    ]
+def _bits(out: Any) -> bytes:
+    return canonical_bytes(out)
 
 
 def _first_line(exc: BaseException) -> str:
