@@ -37,7 +37,7 @@ from typing import Any, Final
 
 import torch
 
-from detctx._basics import CheckpointError, MissingDependencyError
+from detctx._basics import CheckpointError, MissingDependencyError, open_envelope
 from detctx._data.loader import loader_generator, seed_worker
 from detctx._data.worker_streams import WorkerStreams
 from detctx._state import Snapshot, capture
@@ -152,16 +152,14 @@ def resume(state: Mapping[str, Any], *loaders: Any, strict: bool = True) -> None
     """
     for loader in loaders:
         _check_stateful(loader)
-    if not isinstance(state, Mapping) or state.get("format") != RESUME_FORMAT:
-        raise CheckpointError(
-            f"not a detctx resume state (no 'format': {RESUME_FORMAT!r} entry); pass the dict "
-            "detctx.resume_state() returned"
-        )
-    if state.get("version") != _VERSION:
-        raise CheckpointError(
-            f"the resume state has version {state.get('version')!r}; this detctx reads version "
-            f"{_VERSION}: resume with the detctx version that saved it"
-        )
+    state = open_envelope(
+        state,
+        RESUME_FORMAT,
+        _VERSION,
+        what="the resume state",
+        refusal="not a detctx resume state",
+        hint="pass the dict detctx.resume_state() returned",
+    )
     saved = state.get("loaders")
     if not isinstance(saved, list) or len(saved) != len(loaders):
         count = len(saved) if isinstance(saved, list) else "no"
@@ -222,16 +220,13 @@ def _build_class(base: Any) -> type[Any]:
 
         def check_state(self, state: Any) -> None:
             """Raise :class:`~detctx.CheckpointError` unless ``state`` is this loader's kind."""
-            if not isinstance(state, Mapping) or state.get("format") != LOADER_FORMAT:
-                raise CheckpointError(
-                    "the loader state was not saved by a detctx resumable loader (no 'format': "
-                    f"{LOADER_FORMAT!r} entry)"
-                )
-            if state.get("version") != _VERSION:
-                raise CheckpointError(
-                    f"the loader state has version {state.get('version')!r}; this detctx reads "
-                    f"version {_VERSION}"
-                )
+            state = open_envelope(
+                state,
+                LOADER_FORMAT,
+                _VERSION,
+                what="the loader state",
+                refusal="the loader state was not saved by a detctx resumable loader",
+            )
             generator = state.get("generator")
             if self.generator is not None and generator is not None:
                 expected = self.generator.get_state()
