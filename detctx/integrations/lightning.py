@@ -49,7 +49,6 @@ import functools
 import importlib
 import os
 import sys
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -61,8 +60,10 @@ from detctx._basics import (
     CheckpointError,
     DeterminismWarning,
     MissingDependencyError,
+    open_envelope,
     resolve_seed,
     validate_seed,
+    warn_at_user,
 )
 from detctx._blocks import deterministic
 from detctx._state import Snapshot
@@ -73,6 +74,9 @@ __all__ = ["FRAMEWORKS", "STATE_FORMAT", "DeterministicCallback", "callback_clas
 
 FRAMEWORKS = ("lightning.pytorch", "pytorch_lightning")
 """The Lightning packages the callback can be built for, preferred first."""
+
+# The callback's warnings point past the Trainer's frames, at the user's line that led there.
+_CALLERS = ("lightning", "pytorch_lightning", "lightning_fabric", "torch")
 
 STATE_FORMAT = "detctx.lightning"
 """The ``"format"`` entry of the callback's checkpoint state."""
@@ -260,13 +264,13 @@ class _DeterministicCallback:
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         # Called after Lightning restored the checkpoint (if any), whatever the strategy.
         if getattr(trainer, "ckpt_path", None) is not None and not self._resumed:
-            warnings.warn(
+            warn_at_user(
                 f"the checkpoint {trainer.ckpt_path} holds no detctx RNG state (it was saved "
                 f"without DeterministicCallback), so this run continues from seed {self.seed}, "
                 "not from the RNG state of the run that saved it; resume from a checkpoint "
                 "saved with DeterministicCallback for a bit-identical continuation",
                 DeterminismWarning,
-                stacklevel=1,
+                through=_CALLERS,
             )
 
     def state_dict(self) -> dict[str, Any]:
@@ -304,26 +308,27 @@ class _DeterministicCallback:
                 f"the checkpoint's {self.state_key!r} entry is a {type(state_dict).__name__}, "
                 "not the dict DeterministicCallback saves; was it written by another callback?"
             )
-        header = (state_dict.get("format"), state_dict.get("version"))
-        if header != (STATE_FORMAT, _STATE_VERSION):
-            raise CheckpointError(
-                f"the checkpoint's {self.state_key!r} entry has format "
-                f"{state_dict.get('format')!r} version {state_dict.get('version')!r}; this detctx "
-                f"reads {STATE_FORMAT!r} version {_STATE_VERSION}. Resume with the detctx "
-                "version that saved it"
-            )
+        state_dict = open_envelope(
+            state_dict,
+            STATE_FORMAT,
+            _STATE_VERSION,
+            what=f"the checkpoint's {self.state_key!r} entry",
+            refusal=f"the checkpoint's {self.state_key!r} entry is not DeterministicCallback's "
+            f"state (format {state_dict.get('format')!r})",
+            hint="was it written by another callback?",
+        )
         if "rng" not in state_dict:
             raise CheckpointError(f"the checkpoint's {self.state_key!r} entry has no 'rng' state")
         snapshot = Snapshot.from_state_dict(state_dict["rng"])
         saved = (state_dict.get("seed"), state_dict.get("eval_seed"))
         if saved != (self.seed, self.eval_seed):
-            warnings.warn(
+            warn_at_user(
                 f"resuming a run saved with seed={saved[0]}, eval_seed={saved[1]} under "
                 f"DeterministicCallback(seed={self.seed}, eval_seed={self.eval_seed}): the "
                 "training RNG state comes from the checkpoint, the evaluation seed from this "
                 "callback; pass the seeds the run was started with to continue it exactly",
                 DeterminismWarning,
-                stacklevel=1,
+                through=_CALLERS,
             )
         return snapshot
 
@@ -342,14 +347,14 @@ class _DeterministicCallback:
             found = str(torch.initial_seed())
         if found is None:
             return
-        warnings.warn(
+        warn_at_user(
             f"the run's seed was changed from {self.seed} to {found} after "
             "DeterministicCallback seeded it (seed_everything or torch.manual_seed in "
             "LightningModule.setup or configure_model?): the run now follows that seed, "
             f"not DeterministicCallback(seed={self.seed}). Remove that call, or pass its "
             "seed to the callback",
             DeterminismWarning,
-            stacklevel=2,
+            through=_CALLERS,
         )
 
     def _scoped(self, run: Callable[..., Any]) -> Callable[..., Any]:
