@@ -159,14 +159,17 @@ def _text(sink: _Sink, tag: bytes, data: bytes) -> None:
 
 
 def _pack_ints(values: tuple[Any, ...] | list[Any]) -> bytes | None:
-    """Non-negative 64-bit ints packed in one call (Python's random state is 625 of them)."""
+    """64-bit ints packed in one call (Python's random state is 625 of them, a batch's
+    labels hold -100s), tagged unsigned or signed; ``None`` when they do not fit."""
     # Exactly int: array("Q") takes True as 1, which would make [True] equal [1].
     if not values or set(map(type, values)) != {int}:
         return None
-    try:
-        return array("Q", values).tobytes()
-    except OverflowError:
-        return None
+    for code, tag in ((b"Q", b"u"), (b"q", b"s")):
+        try:
+            return tag + array(code.decode(), values).tobytes()
+        except OverflowError:
+            continue
+    return None
 
 
 def _feed(sink: _Sink, value: Any, strict: bool) -> None:
