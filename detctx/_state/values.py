@@ -164,9 +164,9 @@ def _pack_ints(values: tuple[Any, ...] | list[Any]) -> bytes | None:
     # Exactly int: array("Q") takes True as 1, which would make [True] equal [1].
     if not values or set(map(type, values)) != {int}:
         return None
-    for code, tag in ((b"Q", b"u"), (b"q", b"s")):
+    for code, tag in (("Q", b"u"), ("q", b"s")):
         try:
-            return tag + array(code.decode(), values).tobytes()
+            return tag + array(code, values).tobytes()
         except OverflowError:
             continue
     return None
