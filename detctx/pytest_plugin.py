@@ -33,6 +33,7 @@ __all__ = ["node_seed"]
 
 _MARKER = "deterministic"
 _PROPERTY = "detctx_seed"
+_HYPOTHESIS_SOURCES = pytest.StashKey[set[str]]()
 
 
 def _seed_argument(text: str) -> int:
@@ -68,9 +69,20 @@ def pytest_configure(config: pytest.Config) -> None:
 
         if find_spec("hypothesis") is not None:
             # Plain @given tests then get torch reseeded per example, as random and NumPy are.
-            from detctx.integrations.hypothesis import register
+            from detctx.integrations.hypothesis import register, registered
 
-            register()
+            before = set(registered())
+            config.stash[_HYPOTHESIS_SOURCES] = set(register()) - before
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    # What the session registered ends with it: a later session in this process (pytester,
+    # pytest.main called twice) must not find torch reseeded per example.
+    names = config.stash.get(_HYPOTHESIS_SOURCES, set())
+    if names:
+        from detctx.integrations.hypothesis import unregister
+
+        unregister(*names)
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
