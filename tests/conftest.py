@@ -45,6 +45,8 @@ def _isolated_globals() -> Iterator[None]:
     patch to the tests that follow it, in whatever order they run.
     """
     reset_caches()
+    # Lightning's trainer puts back, after fit, the SIGINT handler it found when fit started.
+    saved_sigint = signal.getsignal(signal.SIGINT)
     saved_env = {name: os.environ.get(name) for name in DETERMINISM_ENV}
     for name in DETERMINISM_ENV:
         os.environ.pop(name, None)
@@ -63,6 +65,7 @@ def _isolated_globals() -> Iterator[None]:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+    signal.signal(signal.SIGINT, saved_sigint)
     # After every fixture of the test is undone (this autouse fixture is torn down last).
     reset_caches()
 
