@@ -162,9 +162,10 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "detctx._switches": ("SwitchOptions",),
 }
 
-# Earlier names, kept working: ``Run`` is now ``Seeding`` (what an entry applied;
-# "run" is kept for runs of a program), and the RNG-only snapshot that
-# ``capture()`` returns is a ``Snapshot`` like every other.
+# Earlier names, deprecated: they still work, warn with DeprecationWarning naming the new
+# name, and are not in __all__. ``Run`` is now ``Seeding`` (what an entry applied; "run" is
+# kept for runs of a program), and the RNG-only snapshot that ``capture()`` returns is a
+# ``Snapshot`` like every other.
 _ALIASES: dict[str, str] = {
     "Run": "Seeding",
     "DistributedRun": "DistributedSeeding",
@@ -183,7 +184,6 @@ __all__ = [
     "DeterminismWarning",
     "DeterministicRegion",
     "Diagnosis",
-    "DistributedRun",
     "DistributedSeeding",
     "Divergence",
     "ElasticLoader",
@@ -197,9 +197,7 @@ __all__ = [
     "ProbeReport",
     "ProbeRow",
     "RNGSource",
-    "RNGState",
     "RankDivergenceError",
-    "Run",
     "SeedAgreementError",
     "SeedMismatchError",
     "Seeding",
@@ -245,6 +243,15 @@ if not TYPE_CHECKING:
     def __getattr__(name: str) -> Any:
         """Import the public ``name`` (or the submodule ``detctx.name``) on first use."""
         target = _ALIASES.get(name, name)
+        if target != name:
+            from detctx._basics import warn_at_user
+
+            warn_at_user(
+                f"detctx.{name} is deprecated and will be removed: use detctx.{target}",
+                DeprecationWarning,
+            )
+            # Not cached in the module's globals: every use of the old name warns.
+            return getattr(importlib.import_module(_HOME[target]), target)
         module = _HOME.get(target)
         if module is not None:
             value = getattr(importlib.import_module(module), target)

@@ -16,37 +16,24 @@ when ``--detctx-seed`` is given. ``pytest -p no:detctx`` disables it.
 from __future__ import annotations
 
 import argparse
-import hashlib
+import contextlib
+import warnings
 from collections.abc import Generator, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 # Nothing of torch or NumPy: the seed parser and the derivation import NumPy only inside.
-from detctx._basics import derive_seed, parse_seed
+from detctx._basics import node_seed, parse_seed
 
 if TYPE_CHECKING:
     from detctx._blocks import Seeding, deterministic
-    from detctx._state import Snapshot
 
 __all__ = ["node_seed"]
 
 _MARKER = "deterministic"
 _PROPERTY = "detctx_seed"
-_IN_BLOCK: pytest.StashKey[bool] = pytest.StashKey()
-_AFTER_SETUP: pytest.StashKey[Snapshot] = pytest.StashKey()
-
-
-def node_seed(session_seed: int, nodeid: str) -> int:
-    """The seed ``--detctx-seed session_seed`` gives the test ``nodeid``.
-
-    It depends only on the two (a hash of the node id, not the run order or
-    the worker), so rerunning a single test with the same ``--detctx-seed``,
-    with or without pytest-xdist, gives it the same seed.
-    """
-    digest = hashlib.blake2b(nodeid.encode("utf-8"), digest_size=8).digest()
-    key = (int.from_bytes(digest[:4], "little"), int.from_bytes(digest[4:], "little"))
-    return derive_seed(session_seed, *key)
+_HYPOTHESIS_SOURCES = pytest.StashKey[set[str]]()
 
 
 def _seed_argument(text: str) -> int:
@@ -82,9 +69,20 @@ def pytest_configure(config: pytest.Config) -> None:
 
         if find_spec("hypothesis") is not None:
             # Plain @given tests then get torch reseeded per example, as random and NumPy are.
-            from detctx.integrations.hypothesis import register
+            from detctx.integrations.hypothesis import register, registered
 
-            register()
+            before = set(registered())
+            config.stash[_HYPOTHESIS_SOURCES] = set(register()) - before
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    # What the session registered ends with it: a later session in this process (pytester,
+    # pytest.main called twice) must not find torch reseeded per example.
+    names = config.stash.get(_HYPOTHESIS_SOURCES, set())
+    if names:
+        from detctx.integrations.hypothesis import unregister
+
+        unregister(*names)
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
@@ -133,9 +131,8 @@ def _detctx_block(request: pytest.FixtureRequest) -> Iterator[Seeding | None]:
     if block is None:
         yield None
         return
-    with block as seeding:
+    with block as seeding, _randomly_paused(item.config):
         item.user_properties.append((_PROPERTY, seeding.seed))
-        item.stash[_IN_BLOCK] = True
         # A @given test: each example also runs in its own entry of the block.
         from detctx.integrations.hypothesis import examples_in
 
@@ -143,9 +140,30 @@ def _detctx_block(request: pytest.FixtureRequest) -> Iterator[Seeding | None]:
             yield seeding
 
 
+@contextlib.contextmanager
+def _randomly_paused(config: pytest.Config) -> Iterator[None]:
+    """pytest-randomly's per-test reseeding held off while the test runs in a block.
+
+    pytest-randomly reseeds ``random`` and NumPy from its own seed in
+    ``pytest_runtest_call``, after the fixtures (this block among them) are
+    set up and just before the test's body: the body would draw from its
+    streams, not the block's. Its reseed before the setup still runs, so
+    tests outside blocks keep its order-independent seeds.
+    """
+    option = config.option
+    if not getattr(option, "randomly_reset_seed", False):
+        yield
+        return
+    option.randomly_reset_seed = False
+    try:
+        yield
+    finally:
+        option.randomly_reset_seed = True
+
+
 @pytest.fixture
 def detctx_seeding(
-    _detctx_block: Seeding | None, request: pytest.FixtureRequest
+    request: pytest.FixtureRequest, _detctx_block: Seeding | None
 ) -> Iterator[Seeding]:
     """The :class:`~detctx.Seeding` the test runs under.
 
@@ -157,37 +175,24 @@ def detctx_seeding(
         return
     from detctx._blocks import deterministic
 
-    with deterministic() as seeding:
-        request.node.stash[_IN_BLOCK] = True
+    with deterministic() as seeding, _randomly_paused(request.config):
         yield seeding
 
 
 @pytest.fixture
-def detctx_run(detctx_seeding: Seeding) -> Seeding:
-    """The former name of :func:`detctx_seeding`, kept for existing tests."""
+def detctx_run(request: pytest.FixtureRequest, detctx_seeding: Seeding) -> Seeding:
+    """The former name of :func:`detctx_seeding`, deprecated: it warns, at the test that asks
+    for it."""
+    # The test's own line: the frames above a fixture are pytest's, never the user's.
+    code = request.function.__code__
+    warnings.warn_explicit(
+        "the detctx_run fixture is deprecated and will be removed: use detctx_seeding",
+        DeprecationWarning,
+        code.co_filename,
+        code.co_firstlineno,
+        module=request.module.__name__,
+    )
     return detctx_seeding
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_setup(item: pytest.Item) -> Generator[None, Any, None]:
-    yield
-    if item.stash.get(_IN_BLOCK, False):
-        from detctx._state import capture
-
-        item.stash[_AFTER_SETUP] = capture()
-
-
-@pytest.hookimpl(hookwrapper=True, tryfirst=True)
-def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Generator[None, Any, None]:
-    # Plugins may reseed between the fixtures and the body: pytest-randomly seeds random
-    # and NumPy again in its pytest_runtest_call (`pytest -p randomly` on a marked test
-    # shows it). The body goes on with the streams the block's fixtures left, so they are
-    # put back here, after every pytest_runtest_call and right before the test function.
-    after_setup = pyfuncitem.stash.get(_AFTER_SETUP, None)
-    if after_setup is not None:
-        del pyfuncitem.stash[_AFTER_SETUP]
-        after_setup.restore()
-    yield
 
 
 @pytest.hookimpl(hookwrapper=True)

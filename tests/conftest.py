@@ -19,6 +19,8 @@ import torch
 from helpers import DETERMINISM_ENV
 from hypothesis import settings
 
+from detctx._basics import reset_caches
+
 # CI replays the same examples on every run (.ci/run sets CI=true), so
 # that a landing never depends on which examples a random draw explored; locally,
 # hypothesis explores fresh examples each run and keeps the failures it finds.
@@ -36,7 +38,15 @@ NPU as the only accelerator; CUDA's own lazy seeding would add to what a test co
 
 @pytest.fixture(autouse=True)
 def _isolated_globals() -> Iterator[None]:
-    """Each test starts from, and leaves behind, the same global flags and env."""
+    """Each test starts from, and leaves behind, the same global flags, env and caches.
+
+    The caches are emptied on both sides: a test that patches a backend
+    (``torch.cuda.is_initialized``) must not leave device sources built on the
+    patch to the tests that follow it, in whatever order they run.
+    """
+    reset_caches()
+    # Lightning's trainer puts back, after fit, the SIGINT handler it found when fit started.
+    saved_sigint = signal.getsignal(signal.SIGINT)
     saved_env = {name: os.environ.get(name) for name in DETERMINISM_ENV}
     for name in DETERMINISM_ENV:
         os.environ.pop(name, None)
@@ -55,6 +65,9 @@ def _isolated_globals() -> Iterator[None]:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+    signal.signal(signal.SIGINT, saved_sigint)
+    # After every fixture of the test is undone (this autouse fixture is torn down last).
+    reset_caches()
 
 
 def run_python(

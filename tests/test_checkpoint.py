@@ -106,7 +106,7 @@ def test_every_kind_of_source_round_trips_through_a_weights_only_load(user_sourc
     detctx.restore(loaded)
 
     assert draws(*user_sources) == expected
-    assert detctx.RNGState.from_state_dict(loaded).fingerprint() == saved.fingerprint()
+    assert detctx.Snapshot.from_state_dict(loaded).fingerprint() == saved.fingerprint()
 
 
 def test_the_state_dict_holds_only_tensors_numbers_strings_lists_and_dicts(user_sources):
@@ -215,7 +215,7 @@ def test_a_truncated_python_state_is_reported_as_malformed():
     state_dict["sources"]["python"]["state"]["internal"] = torch.arange(3)
 
     with pytest.raises(detctx.CheckpointError, match="'python' state for source 'python'"):
-        detctx.RNGState.from_state_dict(state_dict)
+        detctx.Snapshot.from_state_dict(state_dict)
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ from conftest import launch_ranks, run_python
 import detctx
 from detctx import (
     DeterminismWarning,
-    DistributedRun,
+    DistributedSeeding,
     SeedMismatchError,
     collective_device,
     distributed_deterministic,
@@ -187,7 +187,7 @@ def test_outside_a_process_group_it_is_deterministic() -> None:
         got = (random.random(), float(np.random.rand()), torch.rand(3))
         verify_across_ranks()  # nothing to compare with: no collective, no error
     assert got[:2] == expected[:2] and torch.equal(got[2], expected[2])
-    assert isinstance(run, DistributedRun)
+    assert isinstance(run, DistributedSeeding)
     assert (run.seed, run.shared_seed, run.rank, run.world_size) == (77, 77, 0, 1)
     assert detctx.fingerprint() == before
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import detctx
-from detctx.integrations.hypothesis import register, registered
+from detctx.integrations.hypothesis import register, registered, unregister
 
 pytest_plugins = ["pytester"]
 
@@ -83,8 +84,16 @@ def test_any_state_before_a_decorated_given_test_is_the_state_after(
     assert detctx.fingerprint() == before
 
 
+@pytest.fixture
+def registered_here() -> Iterator[None]:
+    """What the test registers with hypothesis ends with it (the registry is process-wide)."""
+    before = set(registered())
+    yield
+    unregister(*(set(registered()) - before))
+
+
 @pytest.mark.slow
-def test_register_has_hypothesis_reseed_torch_before_every_example() -> None:
+def test_register_has_hypothesis_reseed_torch_before_every_example(registered_here: None) -> None:
     assert "torch" in register()
     assert register() == registered()
     torch_draws: list[float] = []
@@ -102,6 +111,22 @@ def test_register_has_hypothesis_reseed_torch_before_every_example() -> None:
     assert set(torch_draws) == {float(torch.rand(()))}
     torch.manual_seed(3)
     assert detctx.fingerprint() == before
+
+
+def test_unregister_ends_hypothesis_reseeding_torch(registered_here: None) -> None:
+    register()
+    unregister("torch")
+    torch_draws: list[float] = []
+
+    @EXAMPLES
+    @given(st.integers())
+    def check(x: int) -> None:
+        torch_draws.append(float(torch.rand(())))
+
+    check()
+
+    assert "torch" not in registered()
+    assert len(set(torch_draws)) == len(torch_draws)
 
 
 @pytest.mark.slow
@@ -138,7 +163,10 @@ def test_the_marker_on_a_given_test_starts_every_example_from_the_seed(
             assert len(SEEN) == 50 and set(SEEN) == {first}
         """
     )
-    pytester.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=3)
+    # In the order written: the last test reads what the first two recorded.
+    pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly").assert_outcomes(
+        passed=3
+    )
 
 
 FAILS_ON_A_TORCH_DRAW = """
@@ -177,3 +205,14 @@ def test_register_in_a_conftest_makes_a_plain_run_shrink_to_the_same_example(
     result.assert_outcomes(failed=1)
     assert "Flaky" not in result.stdout.str()
     assert re.findall(r"^E\s+(x=\d+),?$", result.stdout.str(), re.MULTILINE) == ["x=10"]
+
+
+def test_a_session_under_detctx_seed_unregisters_what_it_registered(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_nothing="def test_nothing(): pass")
+    before = registered()
+
+    pytester.runpytest("--detctx-seed", "3", "-p", "no:cacheprovider").assert_outcomes(passed=1)
+
+    assert registered() == before

@@ -20,6 +20,7 @@ import torch
 from conftest import ROOT, TESTS
 
 import detctx
+from detctx._state import interrupts
 
 
 def hammer(script: str, count: int) -> tuple[dict[str, Any], str]:
@@ -109,3 +110,21 @@ def test_ctrl_c_inside_the_body_is_raised_there_and_the_block_still_restores() -
             signal.raise_signal(signal.SIGINT)
             raise AssertionError("KeyboardInterrupt was not raised in the body")
     assert detctx.fingerprint() == before and detctx.open_blocks() == ()
+
+
+def test_a_handler_a_framework_puts_back_after_a_block_keeps_later_blocks_protected() -> None:
+    original = signal.getsignal(signal.SIGINT)
+    try:
+        with detctx.deterministic(seed=1):
+            saved = signal.getsignal(signal.SIGINT)  # a trainer saves detctx's handler
+            signal.signal(signal.SIGINT, lambda signum, frame: None)
+        signal.signal(signal.SIGINT, saved)  # and puts it back after the block ended
+
+        with detctx.deterministic(seed=2):
+            held = interrupts.hold()
+            interrupts.let_go(held)
+
+        assert held
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, original)

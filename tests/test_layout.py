@@ -253,8 +253,6 @@ def test_an_unknown_switch_is_named_with_the_ones_that_exist() -> None:
 def test_the_public_names_all_resolve() -> None:
     for name in detctx.__all__:
         assert getattr(detctx, name) is not None
-    assert detctx.Run is detctx.Seeding and detctx.RNGState is detctx.Snapshot
-    assert detctx.DistributedRun is detctx.DistributedSeeding
 
 
 def test_the_architecture_page_names_every_module() -> None:

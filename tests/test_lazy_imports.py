@@ -42,24 +42,21 @@ def test_from_detctx_import_works_in_a_fresh_process() -> None:
     out = run_python(
         """
         import random
-        from detctx import Run, Seeding, deterministic
+        from detctx import Seeding, deterministic
 
         with deterministic(seed=3) as seeding:
             drawn = random.random()
-        print(isinstance(seeding, Seeding), Run is Seeding, drawn == random.Random(3).random())
+        print(isinstance(seeding, Seeding), drawn == random.Random(3).random())
         """
     )
-    assert out.split() == ["True", "True", "True"]
+    assert out.split() == ["True", "True"]
 
 
 def test_every_public_name_is_the_object_its_module_defines() -> None:
     homes = type_checking_imports()
-    aliases = {"Run": "Seeding", "DistributedRun": "DistributedSeeding", "RNGState": "Snapshot"}
-    assert set(detctx.__all__) == {*homes, *aliases, "__version__"}
+    assert set(detctx.__all__) == {*homes, "__version__"}
     for name, module in homes.items():
         assert getattr(detctx, name) is getattr(importlib.import_module(module), name), name
-    for old, new in aliases.items():
-        assert getattr(detctx, old) is getattr(detctx, new)
     assert set(detctx.__all__) <= set(dir(detctx))
 
 

@@ -259,10 +259,13 @@ def test_resuming_from_a_checkpoint_without_detctx_state_warns(tmp_path: Path) -
     plain.fit(model)
     plain.save_checkpoint(tmp_path / "plain.ckpt")
 
-    with pytest.warns(detctx.DeterminismWarning, match="holds no detctx RNG state"):
+    with pytest.warns(detctx.DeterminismWarning, match="holds no detctx RNG state") as caught:
         trainer(callbacks=[DeterministicCallback(seed=SEED)]).fit(
             build_model(), ckpt_path=tmp_path / "plain.ckpt"
         )
+
+    # At the user's fit(...) line, past Lightning's frames.
+    assert {w.filename for w in caught if "holds no detctx" in str(w.message)} == {__file__}
 
 
 def test_bad_seeds_are_refused_when_the_callback_is_built() -> None:

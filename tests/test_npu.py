@@ -6,18 +6,9 @@ through the same device-module lookup it uses for CUDA.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import torch
-from conftest import HIDE_CUDA
-from conftest import run_python as run_in_child
-
-
-def run_python(code: str, **options: Any) -> str:
-    """A child with CUDA hidden: the simulated NPU is its only accelerator (on a GPU machine,
-    CUDA's own lazy seeding would add to the calls and traces these tests count)."""
-    return run_in_child(code, env={**HIDE_CUDA, **options.pop("env", {})}, **options)
+from conftest import HIDE_CUDA, run_python
 
 
 @pytest.mark.slow
@@ -51,7 +42,8 @@ def test_two_simulated_npus_are_seeded_captured_and_restored() -> None:
         state.restore()
         assert torch.equal(sim.rand(4, 1), first)
         print("ok")
-        """
+        """,
+        env=HIDE_CUDA,
     )
     assert out.strip() == "ok"
 
@@ -70,7 +62,8 @@ def test_capture_never_initialises_an_unused_npu() -> None:
             torch.rand(3)
         assert sim.init_count == 0 and not sim.is_initialized()
         print("ok")
-        """
+        """,
+        env=HIDE_CUDA,
     )
     assert out.strip() == "ok"
 
@@ -94,7 +87,8 @@ def test_an_npu_first_used_inside_the_block_is_seeded_then_reset_to_the_outer_se
         assert torch.equal(inside, torch.rand(3, generator=ref[0]))
         assert torch.equal(after, torch.rand(3, generator=ref[1]))
         print("ok")
-        """
+        """,
+        env=HIDE_CUDA,
     )
     assert out.strip() == "ok"
 
@@ -132,7 +126,8 @@ def test_blocks_on_an_unused_npu_leave_its_lazy_queue_as_it_was() -> None:
         first = sim.rand(3, 0)
         assert torch.equal(first, torch.rand(3, generator=torch.Generator().manual_seed(9)))
         print("ok")
-        """
+        """,
+        env=HIDE_CUDA,
     )
     assert out.strip() == "ok"
 
@@ -177,7 +172,8 @@ def test_repeated_blocks_on_an_unused_npu_make_one_lazy_call_in_all(seed_tracker
         assert torch.equal(inside, torch.rand(3, generator=seeded(0)))
         assert torch.equal(sim.rand(3, 0), torch.rand(3, generator=seeded(5)))
         print("ok")
-        """
+        """,
+        env=HIDE_CUDA,
     )
     assert out.strip() == "ok"
 
@@ -199,7 +195,8 @@ def test_the_npu_determinism_warning_names_the_once_per_thread_rule() -> None:
         messages = [str(w.message) for w in caught if w.category is detctx.DeterminismWarning]
         assert any("once per thread" in m for m in messages), messages
         print("ok")
-        """
+        """,
+        env=HIDE_CUDA,
     )
     assert out.strip() == "ok"
 
@@ -220,7 +217,8 @@ def test_no_npu_module_and_an_unavailable_npu_are_handled() -> None:
             pass
         assert "npu" not in run.sources
         print("ok")
-        """
+        """,
+        env=HIDE_CUDA,
     )
     assert out.strip() == "ok"
 
@@ -246,5 +244,6 @@ def test_a_broken_torch_npu_install_is_a_warning_not_a_crash(tmp_path) -> None:
         print("ok")
         """,
         path=(str(tmp_path),),
+        env=HIDE_CUDA,
     )
     assert out.strip() == "ok"

@@ -9,20 +9,12 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
-from conftest import HIDE_CUDA
-from conftest import run_python as run_in_child
+from conftest import HIDE_CUDA, run_python
 
 import detctx
-
-
-def run_python(code: str, **options: Any) -> str:
-    """A child with CUDA hidden: the simulated NPU is its only accelerator (on a GPU machine,
-    CUDA's own lazy seeding would add to the calls and traces these tests count)."""
-    return run_in_child(code, env={**HIDE_CUDA, **options.pop("env", {})}, **options)
 
 
 def test_a_bad_npu_level_fails_at_configuration_in_every_entry_point() -> None:
@@ -109,7 +101,8 @@ def test_levels_are_set_inside_blocks_and_put_back_with_torchs_flag() -> None:
         from detctx._proving.doctor import diagnose
         assert diagnose().flags["torch_npu.npu._get_deterministic_level"] == 1
         print("ok")
-        """
+        """,
+        env=HIDE_CUDA,
     )
     assert out.strip() == "ok"
 
@@ -136,7 +129,8 @@ def test_a_level_the_runtime_refuses_raises_and_leaves_everything_as_it_was() ->
         assert before == after, (before, after)
         assert detctx.open_blocks() == ()
         print("ok")
-        """
+        """,
+        env=HIDE_CUDA,
     )
     assert out.strip() == "ok"
 
@@ -169,7 +163,8 @@ def test_an_npu_whose_torch_npu_lacks_levels_warns_naming_the_version_needed() -
         shown = diagnose().flags["torch_npu.npu._get_deterministic_level"]
         assert shown.startswith("not in this torch_npu (needs torch_npu 2.6.0.post6"), shown
         print("ok")
-        """
+        """,
+        env=HIDE_CUDA,
     )
     assert out.strip() == "ok"
 
@@ -221,7 +216,8 @@ def test_any_nesting_of_levels_and_algorithm_settings_restores_the_users_state()
 
         check()
         print("ok")
-        """
+        """,
+        env=HIDE_CUDA,
     )
     assert out.strip() == "ok"
 

@@ -200,13 +200,33 @@ def test_the_detctx_seeding_fixture_reports_the_active_block(helpers: pytest.Pyt
             assert detctx_seeding.seed == 1234
             assert torch.are_deterministic_algorithms_enabled()
             assert draws() == seeded(1234)
+        """
+    )
+    helpers.runpytest().assert_outcomes(passed=2)
+
+
+def test_the_former_fixture_name_works_and_warns_at_the_test_that_asks_for_it(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        test_old="""
+        import pytest
 
         @pytest.mark.deterministic(seed=4)
-        def test_the_former_fixture_name_still_works(detctx_run, detctx_seeding):
+        def test_old_name(detctx_run, detctx_seeding):
             assert detctx_run is detctx_seeding and detctx_run.seed == 4
         """
     )
-    helpers.runpytest().assert_outcomes(passed=3)
+
+    result = pytester.runpytest("-W", "always::DeprecationWarning")
+
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*test_old.py:[34]: DeprecationWarning: the detctx_run fixture is deprecated"
+            "*detctx_seeding"
+        ]
+    )
 
 
 def test_bad_marker_arguments_fail_that_test_with_a_clear_message(
@@ -230,13 +250,14 @@ def test_bad_marker_arguments_fail_that_test_with_a_clear_message(
     )
     result = pytester.runpytest()
     result.assert_outcomes(passed=1, errors=2)
+    # Each on its own: the tests may run in any order (pytest-randomly).
     result.stdout.fnmatch_lines(
         [
             "*bad @pytest.mark.deterministic(...) arguments on test_bad.py::test_bad_seed: "
-            "seed must be an integer*",
-            "*test_misspelt_switch*unexpected keyword argument 'algorithm'*",
+            "seed must be an integer*"
         ]
     )
+    result.stdout.fnmatch_lines(["*test_misspelt_switch*unexpected keyword argument 'algorithm'*"])
     # one message each, not the ValueError first under "During handling of ..."
     assert "During handling of the above exception" not in result.stdout.str()
 

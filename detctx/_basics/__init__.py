@@ -1,10 +1,15 @@
 """The basics every layer uses: the exception classes, seeds (validation, the one seed-text
-parser, ``$DETCTX_SEED``, every derivation of one seed from another) and the one rule for
-"the same float". Nothing here imports torch or NumPy at import time.
+parser, ``$DETCTX_SEED``, every derivation of one seed from another), the one rule for
+"the same float", the one walker over nested values, the reset seam of process-wide caches
+and warnings that point at the user's line. Nothing here imports torch or NumPy at import
+time.
 """
 
 from __future__ import annotations
 
+from detctx._basics import nested
+from detctx._basics.caches import process_cache, reset_caches
+from detctx._basics.envelope import open_envelope
 from detctx._basics.equality import same_float
 from detctx._basics.errors import (
     CheckpointError,
@@ -27,13 +32,20 @@ from detctx._basics.seeds import (
     MAX_SEED,
     SEED_ENV,
     as_integer,
+    content_seed,
     derive_seed,
     group_seed,
     indexed_seeds,
+    loader_seed,
+    megatron_stage_seed,
+    megatron_tracker_seeds,
+    node_seed,
     parse_seed,
     resolve_seed,
     validate_seed,
+    worker_seed,
 )
+from detctx._basics.user_warnings import warn_at_user
 
 __all__ = [
     "CAUSES_OF_A_DIFFERENT_START",
@@ -54,11 +66,22 @@ __all__ = [
     "TraceError",
     "UndeclaredStreamError",
     "as_integer",
+    "content_seed",
     "derive_seed",
     "group_seed",
     "indexed_seeds",
+    "loader_seed",
+    "megatron_stage_seed",
+    "megatron_tracker_seeds",
+    "nested",
+    "node_seed",
+    "open_envelope",
     "parse_seed",
+    "process_cache",
+    "reset_caches",
     "resolve_seed",
     "same_float",
     "validate_seed",
+    "warn_at_user",
+    "worker_seed",
 ]

@@ -1,4 +1,6 @@
-"""Seeds: validation, the one parser for seed text, resolution and derivation."""
+"""Seeds: validation, the one parser for seed text, resolution, and every rule that derives
+one seed from another (for ranks, layouts, loaders, workers, tests, keyed batches, and
+Megatron's own offsets, which detctx reproduces), so that the rules are read in one place."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ import hashlib
 import operator
 import os
 import sys
+import zlib
 from collections.abc import Sequence
 from typing import Final
 
@@ -15,13 +18,19 @@ __all__ = [
     "MAX_SEED",
     "SEED_ENV",
     "as_integer",
+    "content_seed",
     "derive_seed",
     "fresh_seed",
     "group_seed",
     "indexed_seeds",
+    "loader_seed",
+    "megatron_stage_seed",
+    "megatron_tracker_seeds",
+    "node_seed",
     "parse_seed",
     "resolve_seed",
     "validate_seed",
+    "worker_seed",
 ]
 
 DEFAULT_SEED: Final = 1234
@@ -234,3 +243,62 @@ def group_seed(seed: int, **coordinates: int) -> int:
 def _name_key(name: str) -> int:
     # A stable 32-bit code for a coordinate name (Python's hash() is salted per process).
     return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=4).digest(), "little")
+
+
+def content_seed(seed: int, epoch: int | None, digest: bytes) -> int:
+    """The seed of a keyed collator's world: ``seed``, ``epoch`` (``None``: left out) and a
+    digest of the batch's contents hashed together through ``SeedSequence``."""
+    import numpy as np
+
+    words = [seed, -1 if epoch is None else epoch]
+    words += [int.from_bytes(digest[i : i + 4], "little") for i in range(0, len(digest), 4)]
+    sequence = np.random.SeedSequence([word & 0xFFFFFFFF for word in words])
+    return int(sequence.generate_state(1)[0])
+
+
+_LOADER_KEY: Final = zlib.crc32(b"detctx.loader_generator")
+
+
+def loader_seed(base: int, rank: int) -> int:
+    """The 64-bit seed of ``loader_generator``'s generator for ``base`` and ``rank``."""
+    import numpy as np
+
+    words = np.random.SeedSequence(base, spawn_key=(_LOADER_KEY, rank)).generate_state(2, np.uint32)
+    return int(words[0]) | int(words[1]) << 32
+
+
+def worker_seed(base_seed: int, worker_id: int, rank: int, source: str) -> int:
+    """The seed ``seed_worker`` gives the RNG source named ``source`` in a loader worker."""
+    import numpy as np
+
+    key = zlib.crc32(source.encode())
+    sequence = np.random.SeedSequence([base_seed, worker_id, rank], spawn_key=(key,))
+    return int(sequence.generate_state(1, np.uint32)[0])
+
+
+def node_seed(session_seed: int, nodeid: str) -> int:
+    """The seed ``--detctx-seed session_seed`` gives the test ``nodeid``.
+
+    It depends only on the two (a hash of the node id, not the run order or
+    the worker), so rerunning a single test with the same ``--detctx-seed``,
+    with or without pytest-xdist, gives it the same seed.
+    """
+    digest = hashlib.blake2b(nodeid.encode("utf-8"), digest_size=8).digest()
+    key = (int.from_bytes(digest[:4], "little"), int.from_bytes(digest[4:], "little"))
+    return derive_seed(session_seed, *key)
+
+
+def megatron_stage_seed(seed: int, pp_rank: int, dp_rank: int | None) -> int:
+    """Megatron's ``_set_random_seed``: ``seed + 100 * pp_rank`` (``+ 10 * dp_rank``), taken
+    modulo ``2**32`` where it would pass NumPy's limit (Megatron itself fails there)."""
+    offset = 100 * pp_rank + (0 if dp_rank is None else 10 * dp_rank)
+    return (seed + offset) % (MAX_SEED + 1)
+
+
+def megatron_tracker_seeds(
+    seed: int, tp_rank: int, ep_rank: int, etp_rank: int
+) -> tuple[int, int, int]:
+    """Megatron's ``model_parallel_cuda_manual_seed``: the data-parallel, model-parallel and
+    expert-parallel states' seeds (``seed``, ``seed + 2718 + tp_rank``, ``seed + 1024 + 100 *
+    ep_rank + etp_rank``)."""
+    return seed, seed + 2718 + tp_rank, seed + 1024 + 100 * ep_rank + etp_rank

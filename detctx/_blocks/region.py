@@ -28,7 +28,6 @@ the engine's end-of-pass callback.
 
 from __future__ import annotations
 
-import copy
 import functools
 import inspect
 import threading
@@ -38,6 +37,7 @@ from typing import Any, Final, Literal, TypeVar, Union, overload
 import torch
 from torch import nn
 
+from detctx._basics import nested
 from detctx._switches import SWITCHES
 
 __all__ = ["DeterministicRegion", "deterministic_region"]
@@ -195,32 +195,16 @@ class _Exit(torch.autograd.Function):
 
 
 def _tensors(value: Any, found: list[torch.Tensor], *, grad_only: bool = True) -> None:
-    if isinstance(value, torch.Tensor):
-        if value.requires_grad or not grad_only:
-            found.append(value)
-    elif isinstance(value, (tuple, list)):
-        for item in value:
-            _tensors(item, found, grad_only=grad_only)
-    elif isinstance(value, dict):
-        for item in value.values():
-            _tensors(item, found, grad_only=grad_only)
+    for leaf in nested.leaves(value):
+        if isinstance(leaf, torch.Tensor) and (leaf.requires_grad or not grad_only):
+            found.append(leaf)
 
 
 def _replace(value: Any, new: dict[int, torch.Tensor]) -> Any:
-    if isinstance(value, torch.Tensor):
-        return new.get(id(value), value)
-    if isinstance(value, tuple):
-        items = [_replace(item, new) for item in value]
-        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
-    if isinstance(value, list):
-        return type(value)(_replace(item, new) for item in value)
-    if isinstance(value, dict):
-        # A shallow copy keeps the mapping's own type (HF's ModelOutput, an OrderedDict).
-        result = copy.copy(value)
-        for key, item in value.items():
-            result[key] = _replace(item, new)
-        return result
-    return value
+    # Containers keep their own type (HF's ModelOutput, a namedtuple, a dataclass).
+    return nested.map_leaves(
+        lambda leaf: new.get(id(leaf), leaf) if isinstance(leaf, torch.Tensor) else leaf, value
+    )
 
 
 def _device_of(function: Callable[..., Any], args: Any, kwargs: Any) -> torch.device:

@@ -11,21 +11,26 @@ every registered source (Python, NumPy, torch CPU, user sources) seeded from
 caller's streams do not move and a batch gets the same draws wherever and
 whenever it is collated. Accelerators are left alone (collators run on the
 CPU, and a loader worker must not touch a device).
+
+The contents are read through the one canonical byte form
+(:func:`detctx._state.canonical_bytes`, strict): sets by their sorted
+elements, NumPy object arrays by their elements, conjugate and negative views
+by their values, sparse tensors by their coalesced indices and values, nested
+tensors by their components. What would key differently in another process
+(a meta tensor, an object holding a set) raises ``TypeError`` before any RNG
+is touched.
 """
 
 from __future__ import annotations
 
 import hashlib
-import pickle
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import numpy as np
-import torch
-
+from detctx._basics import content_seed
 from detctx._sources import RNGSource, registered_sources
-from detctx._state import Snapshot, transaction
+from detctx._state import Snapshot, canonical_bytes, transaction
 
 __all__ = ["KeyedCollate", "content_digest", "keyed_streams"]
 
@@ -84,11 +89,7 @@ class KeyedCollate:
         self.epoch: int | None = None
 
     def __call__(self, features: Any) -> Any:
-        words = [self.seed, -1 if self.epoch is None else self.epoch]
-        digest = content_digest(features)
-        words += [int.from_bytes(digest[i : i + 4], "little") for i in range(0, len(digest), 4)]
-        sequence = np.random.SeedSequence([word & 0xFFFFFFFF for word in words])
-        seed = int(sequence.generate_state(1)[0])
+        seed = content_seed(self.seed, self.epoch, content_digest(features))
         with keyed_streams(list(registered_sources())) as reseed:
             reseed(seed)
             return self.collate(features)
@@ -98,31 +99,6 @@ class KeyedCollate:
 
 
 def content_digest(value: Any) -> bytes:
-    """16 bytes that depend only on ``value``'s contents (tensors by dtype, shape and bits)."""
-    digest = hashlib.blake2b(digest_size=16)
-    _feed(digest, value)
-    return digest.digest()
-
-
-def _feed(digest: Any, value: Any) -> None:
-    if isinstance(value, torch.Tensor):
-        tensor = value.detach().cpu().contiguous()
-        digest.update(b"T%s%s" % (str(tensor.dtype).encode(), str(tuple(tensor.shape)).encode()))
-        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
-    elif isinstance(value, np.ndarray):
-        digest.update(b"A%s%s" % (str(value.dtype).encode(), str(value.shape).encode()))
-        digest.update(np.ascontiguousarray(value).tobytes())
-    elif isinstance(value, Mapping):
-        digest.update(b"{%d" % len(value))
-        for key in sorted(value, key=repr):
-            digest.update(repr(key).encode())
-            _feed(digest, value[key])
-    elif isinstance(value, (list, tuple)):
-        digest.update(b"(%d" % len(value))
-        for item in value:
-            _feed(digest, item)
-    elif value is None or isinstance(value, (bool, int, float, str, bytes)):
-        digest.update(repr(value).encode())
-    else:
-        # Anything else by its pickled bytes (a repr may hold a memory address).
-        digest.update(b"P" + pickle.dumps(value, protocol=4))
+    """16 bytes that depend only on ``value``'s contents (tensors by dtype, shape and values),
+    the same in every process; ``TypeError`` for what cannot be read so."""
+    return hashlib.blake2b(canonical_bytes(value, strict=True), digest_size=16).digest()

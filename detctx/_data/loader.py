@@ -30,18 +30,15 @@ function runs, so there the numbers are Lightning's.
 from __future__ import annotations
 
 import os
-import zlib
 from typing import Final
 
-import numpy as np
 import torch
 
-from detctx._basics import parse_seed, validate_seed
+from detctx._basics import loader_seed, parse_seed, validate_seed, worker_seed
 from detctx._sources import registered_sources
 
 __all__ = ["current_rank", "current_world_size", "loader_generator", "seed_worker"]
 
-_LOADER_KEY: Final = zlib.crc32(b"detctx.loader_generator")
 _RANK_VARIABLES: Final = ("RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")
 
 
@@ -68,10 +65,8 @@ def loader_generator(seed: int | None = None, *, rank: int | None = None) -> tor
     """
     base = torch.initial_seed() if seed is None else validate_seed(seed)
     rank = current_rank() if rank is None else validate_seed(rank, "rank")
-    sequence = np.random.SeedSequence(base, spawn_key=(_LOADER_KEY, rank))
-    words = sequence.generate_state(2, np.uint32)
     generator = torch.Generator()
-    generator.manual_seed(int(words[0]) | int(words[1]) << 32)
+    generator.manual_seed(loader_seed(base, rank))
     return generator
 
 
@@ -145,6 +140,4 @@ def seed_worker(worker_id: int, rank: int | None = None) -> None:
     base_seed = int(info.seed) - worker_id
     # Accelerators are not in this registry, so a worker never touches a device.
     for name, source in registered_sources():
-        key = zlib.crc32(name.encode())
-        sequence = np.random.SeedSequence([base_seed, worker_id, rank], spawn_key=(key,))
-        source.seed(int(sequence.generate_state(1, np.uint32)[0]))
+        source.seed(worker_seed(base_seed, worker_id, rank, name))

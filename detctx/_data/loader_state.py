@@ -13,7 +13,7 @@ from typing import Any, Final
 
 import torch
 
-from detctx._basics import CheckpointError, MissingDependencyError
+from detctx._basics import CheckpointError, MissingDependencyError, open_envelope
 from detctx._data.loader import current_rank, current_world_size
 from detctx._data.loader_checks import (
     check_configuration,
@@ -22,7 +22,7 @@ from detctx._data.loader_checks import (
     describe_loader,
 )
 from detctx._data.samplers import element_sampler
-from detctx._data.untrusted import digest, generator_state, same_plain, shown
+from detctx._data.untrusted import digest, generator_state, same_plain
 
 __all__ = ["LOADER_FORMAT", "is_resumable", "resumable_class"]
 
@@ -108,15 +108,19 @@ def _build_class(base: Any) -> type[Any]:
         def check_state(self, state: Any, where: str = "the loader state") -> None:
             """Raise :class:`~detctx.CheckpointError` unless this loader resumes ``state``
             exactly."""
-            if not isinstance(state, Mapping) or not same_plain(state.get("format"), LOADER_FORMAT):
+            state = open_envelope(
+                state,
+                LOADER_FORMAT,
+                _LOADER_VERSION,
+                what=where,
+                refusal=f"{where} was not saved by a detctx resumable loader",
+            )
+            if state["version"] < _LOADER_VERSION:
+                # Version 1 held neither the configuration nor the draws it is checked by.
                 raise CheckpointError(
-                    f"{where} was not saved by a detctx resumable loader (no 'format': "
-                    f"{LOADER_FORMAT!r} entry)"
-                )
-            if not same_plain(state.get("version"), _LOADER_VERSION):
-                raise CheckpointError(
-                    f"{where} has version {shown(state.get('version'))}; this detctx reads loader "
-                    f"states of version {_LOADER_VERSION}: resume with the detctx that saved it"
+                    f"{where} has version {state['version']}, saved before loader states held "
+                    "what a resume is checked against: resume from a checkpoint saved by this "
+                    "detctx, or with the detctx that saved it"
                 )
             if set(state) != _LOADER_KEYS:
                 raise CheckpointError(

@@ -36,12 +36,11 @@ import warnings
 from collections.abc import Mapping
 from typing import Any, Final
 
-from detctx._basics import CheckpointError
+from detctx._basics import CheckpointError, open_envelope
 from detctx._data.elastic import ElasticLoader
 from detctx._data.loader import current_rank, loader_generator, seed_worker
 from detctx._data.loader_state import LOADER_FORMAT, is_resumable, resumable_class
 from detctx._data.samplers import prepare_samplers
-from detctx._data.untrusted import same_plain, shown
 from detctx._data.worker_streams import WorkerStreams
 from detctx._state import Snapshot, capture
 
@@ -168,16 +167,14 @@ def resume(state: Mapping[str, Any], *loaders: Any, strict: bool = True) -> None
         detctx.resume(checkpoint["detctx"], loader)
     """
     _check_loaders(loaders)
-    if not isinstance(state, Mapping) or not same_plain(state.get("format"), RESUME_FORMAT):
-        raise CheckpointError(
-            f"not a detctx resume state (no 'format': {RESUME_FORMAT!r} entry); pass the dict "
-            "detctx.resume_state() returned"
-        )
-    if not same_plain(state.get("version"), _VERSION):
-        raise CheckpointError(
-            f"the resume state has version {shown(state.get('version'))}; this detctx reads "
-            f"version {_VERSION}: resume with the detctx version that saved it"
-        )
+    state = open_envelope(
+        state,
+        RESUME_FORMAT,
+        _VERSION,
+        what="the resume state",
+        refusal="not a detctx resume state",
+        hint="pass the dict detctx.resume_state() returned",
+    )
     saved = state.get("loaders")
     if not isinstance(saved, list) or len(saved) != len(loaders):
         count = len(saved) if isinstance(saved, list) else "no"

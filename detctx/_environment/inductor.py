@@ -21,6 +21,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Final
 
+from detctx._basics import process_cache
 from detctx._environment.variables import getenv, setenv
 
 __all__ = ["VARIABLE", "capture", "restore", "switch_on"]
@@ -30,6 +31,12 @@ VARIABLE: Final = "TORCHINDUCTOR_DETERMINISTIC"
 
 _CONFIG: Final = "torch._inductor.config"
 _has_setting: tuple[object, bool] | None = None
+
+
+@process_cache
+def _forget_setting() -> None:
+    global _has_setting
+    _has_setting = None
 
 
 def _config() -> Any:

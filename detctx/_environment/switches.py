@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import os
 import sys
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from typing_extensions import TypedDict
 
-from detctx._basics import DeterminismWarning
+from detctx._basics import DeterminismWarning, warn_at_user
 from detctx._environment.variables import getenv, setenv
 
 __all__ = ["ENV_SWITCHES", "EnvSwitch", "EnvSwitchOptions", "env_switches"]
@@ -123,12 +122,11 @@ class EnvSwitch:
         if current != wanted:
             reason = self.too_late() if self.too_late is not None else None
             if reason is not None:
-                warnings.warn(
+                warn_at_user(
                     f"{self.variable} was set to {wanted!r} after {reason}, so it may not take "
                     f"effect in this process. Set it before launch: "
                     f"export {self.variable}={wanted}",
                     DeterminismWarning,
-                    stacklevel=5,
                 )
             os.environ[self.variable] = wanted
         return f"{self.variable}={wanted}"

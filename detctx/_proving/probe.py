@@ -34,6 +34,7 @@ from detctx._basics import DeterminismWarning, as_integer
 from detctx._blocks import deterministic
 from detctx._proving.probe_catalogue import PROBE_OPS, ProbeOp
 from detctx._sources import active_accelerators, device_module
+from detctx._state import canonical_bytes
 
 __all__ = [
     "PROBE_OPS",
@@ -253,12 +254,8 @@ def paired_slowdown(
     return statistics.median(ratios) if ratios else None
 
 
-def _bits(out: Any) -> list[bytes]:
-    tensors = list(out) if isinstance(out, (tuple, list)) else [out]
-    return [
-        t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-        for t in tensors
-    ]
+def _bits(out: Any) -> bytes:
+    return canonical_bytes(out)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -15,6 +15,7 @@ from detctx._basics import (
     DEFAULT_SEED,
     NotReproducibleError,
     as_integer,
+    nested,
     resolve_seed,
     validate_seed,
 )
@@ -43,7 +44,8 @@ def check_reproducible(
     (``$DETCTX_SEED``, else OS entropy) and used for every run.
 
     Results may be tensors (any dtype or device), NumPy arrays, numbers,
-    strings, ``None`` and lists, tuples and dicts of them. They are compared
+    strings, ``None`` and lists, tuples (namedtuples too), dicts and
+    dataclasses of them. They are compared
     bit for bit: NaN equals NaN at the same position, ``-0.0`` and ``0.0``
     differ, and dtypes, shapes and types must match. Tensors and arrays are
     copied right after each run, so a function that returns the same
@@ -213,27 +215,9 @@ def first_difference(a: Any, b: Any, path: str = "result") -> Difference | None:
         return _compare_arrays(a, b, path, np.ndarray)
     if type(a) is not type(b):
         return Difference(path, f"types differ: {type(a).__name__} vs {type(b).__name__}")
-    if isinstance(a, Mapping):
-        if list(a.keys()) != list(b.keys()):
-            only_a = [k for k in a if k not in b]
-            only_b = [k for k in b if k not in a]
-            detail = f"only in run 1: {only_a}, only in the other: {only_b}"
-            if not only_a and not only_b:
-                detail = "same keys in a different order"
-            return Difference(path, f"keys differ ({detail})")
-        for key in a:
-            found = first_difference(a[key], b[key], f"{path}[{_render_key(key)}]")
-            if found is not None:
-                return found
-        return None
-    if isinstance(a, (list, tuple)):
-        if len(a) != len(b):
-            return Difference(path, f"lengths differ: {len(a)} vs {len(b)}")
-        for index, (item_a, item_b) in enumerate(zip(a, b)):
-            found = first_difference(item_a, item_b, f"{path}[{index}]")
-            if found is not None:
-                return found
-        return None
+    found_a, found_b = nested.branches(a), nested.branches(b)
+    if found_a is not None and found_b is not None:
+        return _first_difference_inside(found_a, found_b, path)
     if isinstance(a, (float, complex, np.floating, np.complexfloating)):
         return _compare_arrays(np.asarray(a), np.asarray(b), path, np.ndarray)
     if isinstance(a, (bool, int, str, bytes, np.integer, np.bool_)) or a is None:
@@ -244,6 +228,38 @@ def first_difference(a: Any, b: Any, path: str = "result") -> Difference | None:
         f"cannot compare {path} of type {type(a).__name__}: return tensors, arrays, numbers, "
         "strings or lists, tuples and dicts of them"
     )
+
+
+def _first_difference_inside(
+    found_a: tuple[nested.Kind, list[tuple[Any, Any]]],
+    found_b: tuple[nested.Kind, list[tuple[Any, Any]]],
+    path: str,
+) -> Difference | None:
+    """The first difference inside two containers of one type."""
+    kind, items_a = found_a
+    items_b = found_b[1]
+    if kind is nested.Kind.MAPPING:
+        keys_a, keys_b = [key for key, _ in items_a], [key for key, _ in items_b]
+        if keys_a != keys_b:
+            only_a = [k for k in keys_a if k not in keys_b]
+            only_b = [k for k in keys_b if k not in keys_a]
+            detail = f"only in run 1: {only_a}, only in the other: {only_b}"
+            if not only_a and not only_b:
+                detail = "same keys in a different order"
+            return Difference(path, f"keys differ ({detail})")
+    elif len(items_a) != len(items_b):
+        return Difference(path, f"lengths differ: {len(items_a)} vs {len(items_b)}")
+    for index, ((key, item_a), (_, item_b)) in enumerate(zip(items_a, items_b)):
+        if kind is nested.Kind.MAPPING:
+            where = f"{path}[{_render_key(key)}]"
+        elif kind is nested.Kind.DATACLASS:
+            where = f"{path}.{key}"
+        else:  # a namedtuple too, by position, as a tuple
+            where = f"{path}[{index}]"
+        found = first_difference(item_a, item_b, where)
+        if found is not None:
+            return found
+    return None
 
 
 def _check_runs(runs: object) -> int:
@@ -260,29 +276,22 @@ def _render_key(key: object) -> str:
 
 
 def _detach(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.detach()
-    if isinstance(value, (list, tuple)):
-        return type(value)(_detach(item) for item in value)
-    if isinstance(value, dict):
-        return {key: _detach(item) for key, item in value.items()}
-    return value
+    return nested.map_leaves(
+        lambda leaf: leaf.detach() if isinstance(leaf, torch.Tensor) else leaf, value
+    )
 
 
 def _freeze(value: Any) -> Any:
     """A copy of ``value`` that later runs cannot change: tensors and arrays cloned."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone()
-    if isinstance(value, np.ndarray):
-        return value.copy()
-    if isinstance(value, dict):
-        return type(value)((key, _freeze(item)) for key, item in value.items())
-    if isinstance(value, list):
-        return [_freeze(item) for item in value]
-    if isinstance(value, tuple):
-        items = [_freeze(item) for item in value]
-        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
-    return value
+    return nested.map_leaves(_frozen_leaf, value)
+
+
+def _frozen_leaf(leaf: Any) -> Any:
+    if isinstance(leaf, torch.Tensor):
+        return leaf.detach().clone()
+    if isinstance(leaf, np.ndarray):
+        return leaf.copy()
+    return leaf
 
 
 def _raise_if_different(reference: Any, result: Any, run: int, seed: int | None) -> None:

@@ -28,14 +28,13 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import sys
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 
-from detctx._basics import CheckpointError, DeterminismWarning
+from detctx._basics import CheckpointError, DeterminismWarning, process_cache, warn_at_user
 from detctx._sources import checks, plain
 from detctx._sources.lazy_queue import QueuedEntry, QueueMark
 
@@ -51,6 +50,14 @@ _accelerator_types: list[str] = ["cuda", "xpu", "mps"]
 _sources: dict[str, AcceleratorSource] = {}
 _present_cache: tuple[object, list[AcceleratorSource]] | None = None
 _npu_import_tried = False
+
+
+@process_cache
+def _forget_present() -> None:
+    # The present sources are built on the device modules seen at discovery; a backend
+    # patched or swapped since (a test's monkeypatch undone) needs a fresh discovery.
+    global _present_cache
+    _present_cache = None
 
 
 def register_accelerator(device_type: str) -> None:
@@ -143,12 +150,11 @@ def _import_torch_npu() -> None:
     try:
         importlib.import_module("torch_npu")
     except (ImportError, RuntimeError, OSError) as exc:
-        warnings.warn(
+        warn_at_user(
             f"torch_npu is installed but could not be imported ({type(exc).__name__}: {exc}); "
             "NPU RNG state is not managed. On a machine without Ascend's CANN libraries, "
             "uninstall torch_npu or set TORCH_DEVICE_BACKEND_AUTOLOAD=0 before importing torch.",
             DeterminismWarning,
-            stacklevel=4,
         )
 
 

@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from detctx._basics import process_cache
+
 __all__ = ["restore_random_state"]
 
 _KEY_WORDS = 624
@@ -45,6 +47,13 @@ def _layout_matches() -> bool:
 
 
 _fast_path: bool | None = None
+
+
+@process_cache
+def _forget_layout() -> None:
+    # The layout check is redone against the NumPy loaded now.
+    global _fast_path
+    _fast_path = None
 
 
 def _check_position(state: Any) -> None:

@@ -8,12 +8,15 @@ from __future__ import annotations
 from detctx._state import interrupts, transaction
 from detctx._state.snapshot import Snapshot, active_sources, capture, fingerprint, restore
 from detctx._state.state_dict import PlainStateSource
+from detctx._state.values import canonical_bytes, device_state_seed
 
 __all__ = [
     "PlainStateSource",
     "Snapshot",
     "active_sources",
+    "canonical_bytes",
     "capture",
+    "device_state_seed",
     "fingerprint",
     "interrupts",
     "restore",

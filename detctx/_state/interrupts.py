@@ -89,7 +89,13 @@ def _handler(signum: int, frame: FrameType | None) -> None:
 def _install() -> bool:
     global _previous
     current = _signals.getsignal(signal.SIGINT)
-    if not callable(current) or current is _handler:
+    if current is _handler:
+        # Put back by a framework that saved it while a block was open (Lightning's signal
+        # connector restores, after fit, the handler it found when fit started): what it
+        # replaced is not known any more, so Python's default handler stands for it.
+        _previous = signal.default_int_handler
+        return True
+    if not callable(current):
         return False
     _signals.signal(signal.SIGINT, _handler)
     _previous = current

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
+from detctx._basics import process_cache
 from detctx._environment import WATCHED
 from detctx._sources import RNGSource, active_accelerators, registered_sources, registry_version
 from detctx._state import state_dict, transaction
@@ -26,6 +27,12 @@ class _Part(Protocol):
 
 
 _active_cache: tuple[int, object, list[tuple[str, RNGSource]]] | None = None
+
+
+@process_cache
+def _forget_active() -> None:
+    global _active_cache
+    _active_cache = None
 
 
 def active_sources() -> list[tuple[str, RNGSource]]:
@@ -61,7 +68,7 @@ class Snapshot(Mapping[str, Any]):
     to the variables frameworks set (empty for :func:`capture`, which leaves
     flags and environment variables out). ``restore()`` puts
     every captured part back; sources registered after the capture are left
-    alone. ``detctx.RNGState`` is this class.
+    alone. ``detctx.RNGState``, deprecated, is this class.
     """
 
     __slots__ = ("_rng", "_sources", "_switches")

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final, Protocol, runtime_checkable
 
-from detctx._basics import CheckpointError
+from detctx._basics import CheckpointError, open_envelope
 from detctx._sources import Checkpointable, RNGSource, checks, plain
 
 __all__ = [
@@ -101,19 +101,14 @@ def decode(
 
 
 def _check_header(state_dict: object) -> Mapping[str, Any]:
-    if not isinstance(state_dict, Mapping) or state_dict.get("format") != FORMAT:
-        raise CheckpointError(
-            f"not a detctx RNG state dict (no 'format': {FORMAT!r} entry); pass the dict "
-            "returned by detctx.capture().state_dict()"
-        )
-    version = state_dict.get("version")
-    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise CheckpointError(f"the RNG state dict has an invalid format version {version!r}")
-    if version > VERSION:
-        raise CheckpointError(
-            f"the RNG state dict was written by a newer detctx (format version {version}); "
-            f"this detctx reads version {VERSION}: upgrade detctx to restore it"
-        )
+    state_dict = open_envelope(
+        state_dict,
+        FORMAT,
+        VERSION,
+        what="the RNG state dict",
+        refusal="not a detctx RNG state dict",
+        hint="pass the dict returned by detctx.capture().state_dict()",
+    )
     entries = state_dict.get("sources")
     if not isinstance(entries, Mapping):
         raise CheckpointError("the RNG state dict has no 'sources' mapping")

@@ -26,11 +26,10 @@ from __future__ import annotations
 
 import enum
 import threading
-import warnings
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
-from detctx._basics import DeterminismWarning
+from detctx._basics import DeterminismWarning, warn_at_user
 from detctx._state import interrupts
 
 __all__ = [
@@ -75,13 +74,12 @@ _baseline: State | None = None
 def _acquire() -> None:
     global _holds
     if not _lock.acquire(timeout=WAIT_BEFORE_WARNING_S):
-        warnings.warn(
+        warn_at_user(
             f"{threading.current_thread().name} has waited {WAIT_BEFORE_WARNING_S:.0f} s for "
             "another thread's deterministic block to exit (blocks are serialised across "
             "threads). If that thread is waiting for this one, this is a deadlock: do not "
             "enter blocks in threads that a block's owner waits for.",
             DeterminismWarning,
-            stacklevel=5,
         )
         _lock.acquire()
     _holds += 1
@@ -194,10 +192,9 @@ def reset_after_fork() -> bool:
         try:
             baseline.restore_each()
         except Exception as exc:  # the child goes on; say what could not be put back
-            warnings.warn(
+            warn_at_user(
                 "a process forked while another thread was inside a deterministic block "
                 f"could not put everything back ({type(exc).__name__}: {exc})",
                 DeterminismWarning,
-                stacklevel=2,
             )
     return True

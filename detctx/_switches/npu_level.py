@@ -18,7 +18,7 @@ from typing import Any, Final
 
 import torch
 
-from detctx._basics import DeterminismUnavailableError, DeterminismWarning, as_integer
+from detctx._basics import DeterminismUnavailableError, DeterminismWarning, as_integer, warn_at_user
 from detctx._sources import active_accelerators
 
 __all__ = [
@@ -137,12 +137,11 @@ class NpuLevelSwitch:
         if not _npu_present():
             return f"npu_level={setting} (no NPU: not applied)"
         if setting > 1:
-            warnings.warn(
+            warn_at_user(
                 f"npu_level={setting} needs torch_npu.npu.set_deterministic_level, which this "
                 f"torch_npu lacks; it has {LEVEL_API_VERSIONS}. Falling back to level 1 "
                 "(torch.use_deterministic_algorithms(True)).",
                 DeterminismWarning,
-                stacklevel=5,
             )
         if not torch.are_deterministic_algorithms_enabled():
             torch.use_deterministic_algorithms(True)

@@ -11,13 +11,12 @@ block is configured, so a bad option fails before anything is changed.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, Final, Literal, Protocol
 
 import torch
 
-from detctx._basics import DeterminismWarning
+from detctx._basics import DeterminismWarning, warn_at_user
 from detctx._environment import ENV_SWITCHES, EnvSwitch, EnvSwitchOptions, env_switches, inductor
 from detctx._sources import active_accelerators
 from detctx._switches.npu_level import NpuLevelSwitch
@@ -126,14 +125,13 @@ class AlgorithmsSwitch:
             return None
         warn_only = setting == "warn"
         if current[:2] != (True, warn_only) and _npu_initialized():
-            warnings.warn(
+            warn_at_user(
                 "torch.use_deterministic_algorithms was changed after the NPU was initialised; "
                 "Ascend reads the deterministic state once per thread, at the first op launch "
                 "that follows a setting, so this change may not take effect on the NPU (and "
                 "restoring it on exit is best-effort). Enter the block, or call "
                 "detctx.seed_all(), before the first NPU op.",
                 DeterminismWarning,
-                stacklevel=5,
             )
         inductor.switch_on(current[3])
         self._set_flags(True, warn_only=warn_only)

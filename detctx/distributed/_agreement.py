@@ -18,12 +18,12 @@ from typing import Any
 import torch
 
 from detctx._basics import (
-    MAX_SEED,
     SEED_ENV,
     SeedMismatchError,
     as_integer,
     derive_seed,
     group_seed,
+    megatron_stage_seed,
     resolve_seed,
     validate_seed,
 )
@@ -92,8 +92,7 @@ class MegatronSeeds:
 
     def seed_for(self, seed: int) -> int:
         """This rank's seed when the ranks agreed on ``seed``."""
-        offset = 100 * self.pp_rank + (0 if self.dp_rank is None else 10 * self.dp_rank)
-        return (seed + offset) % (MAX_SEED + 1)
+        return megatron_stage_seed(seed, self.pp_rank, self.dp_rank)
 
 
 def _derivation(per_rank: bool, megatron_seeds: MegatronSeeds | None) -> int:

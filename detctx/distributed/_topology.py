@@ -8,13 +8,12 @@ the small questions the agreement and verification steps ask of the group.
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Sequence
 from typing import Any, Final
 
 import torch
 
-from detctx._basics import DeterminismWarning
+from detctx._basics import DeterminismWarning, warn_at_user
 from detctx._sources import device_module
 
 __all__ = [
@@ -124,11 +123,10 @@ def warn_superpod() -> None:
     """Warn that results depend on the cluster topology when ``HCCL_LOGIC_SUPERPOD_ID`` is set."""
     value = os.environ.get(SUPERPOD_ENV)
     if value:
-        warnings.warn(
+        warn_at_user(
             f"{SUPERPOD_ENV} is set ({value!r}): over RoCE links, a change of cluster topology "
             f"changes HCCL's collective behaviour, so runs are only reproducible on the same "
             f"topology. Compare runs on the same superpod layout (or unset {SUPERPOD_ENV} "
             f"before launch when the job stays inside one superpod).",
             DeterminismWarning,
-            stacklevel=4,
         )

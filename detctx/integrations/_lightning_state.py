@@ -12,10 +12,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from detctx._basics import CheckpointError
-from detctx.integrations._ranks import pick_rank, rank_and_world
+from detctx._basics import CheckpointError, open_envelope
+from detctx.integrations._ranks import gather_ranks, pick_rank, rank_and_world
 
-__all__ = ["STATE_FORMAT", "STATE_VERSION", "fit_loop_state", "rank_entry", "refuse_unreplayable"]
+__all__ = [
+    "STATE_FORMAT",
+    "STATE_VERSION",
+    "fit_loop_state",
+    "gather_every_rank",
+    "rank_entry",
+    "refuse_unreplayable",
+]
 
 STATE_FORMAT: Final = "detctx.lightning"
 STATE_VERSION: Final = 2
@@ -31,6 +38,16 @@ def fit_loop_state(checkpoint: Any) -> dict[str, Any] | None:
     return state if isinstance(state, dict) else None
 
 
+def gather_every_rank(checkpoint: Any, key: str) -> None:
+    """Replace the callback's entry ``key`` of ``checkpoint`` (built on every rank, written
+    from rank 0) by every rank's RNG and training loader states."""
+    entry = checkpoint.get("callbacks", {}).get(key)
+    if isinstance(entry, dict) and "rng" in entry:
+        fit_state = fit_loop_state(checkpoint) or {}
+        loaders = fit_state.get("combined_loader")
+        entry["ranks"] = gather_ranks({"rng": entry.pop("rng"), "loaders": loaders})
+
+
 def rank_entry(state_dict: Any, where: str) -> tuple[Any, list[Any] | None]:
     """This rank's RNG state dict and training loader states (``None``: none saved).
 
@@ -41,15 +58,14 @@ def rank_entry(state_dict: Any, where: str) -> tuple[Any, list[Any] | None]:
             f"{where} is a {type(state_dict).__name__}, not the dict DeterministicCallback "
             "saves; was it written by another callback?"
         )
-    if state_dict.get("format") != STATE_FORMAT or state_dict.get("version") not in (
-        1,
+    state_dict = open_envelope(
+        state_dict,
+        STATE_FORMAT,
         STATE_VERSION,
-    ):
-        raise CheckpointError(
-            f"{where} has format {state_dict.get('format')!r} version "
-            f"{state_dict.get('version')!r}; this detctx reads {STATE_FORMAT!r} versions 1 and "
-            f"{STATE_VERSION}. Resume with the detctx version that saved it"
-        )
+        what=where,
+        refusal=f"{where} is not DeterministicCallback's state",
+        hint="was it written by another callback?",
+    )
     if "ranks" in state_dict:
         own = pick_rank(state_dict["ranks"], where)
         if not isinstance(own, Mapping) or "rng" not in own:

@@ -34,7 +34,7 @@ from detctx._blocks import Block, decorate, is_hypothesis_test
 from detctx._sources import AcceleratorSource, RNGSource
 from detctx._state import active_sources
 
-__all__ = ["examples_in", "register", "registered"]
+__all__ = ["examples_in", "register", "registered", "unregister"]
 
 
 class SourceRandom:
@@ -94,6 +94,16 @@ def register() -> tuple[str, ...]:
 def registered() -> tuple[str, ...]:
     """The names of the sources :func:`register` has given hypothesis so far."""
     return tuple(_registered)
+
+
+def unregister(*names: str) -> None:
+    """Stop hypothesis managing the named sources (every registered one without names).
+
+    hypothesis holds them weakly, so dropping detctx's reference ends their
+    management; names not registered are ignored.
+    """
+    for name in names or tuple(_registered):
+        _registered.pop(name, None)
 
 
 @contextmanager

@@ -44,7 +44,6 @@ import functools
 import importlib
 import os
 import sys
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -57,6 +56,7 @@ from detctx._basics import (
     MissingDependencyError,
     resolve_seed,
     validate_seed,
+    warn_at_user,
 )
 from detctx._blocks import deterministic
 from detctx._state import Snapshot
@@ -65,16 +65,19 @@ from detctx.integrations._lightning_state import (
     STATE_FORMAT,
     STATE_VERSION,
     fit_loop_state,
+    gather_every_rank,
     rank_entry,
     refuse_unreplayable,
 )
-from detctx.integrations._ranks import gather_ranks
 
 # DeterministicCallback is provided by the module's __getattr__, built on first use.
 __all__ = ["FRAMEWORKS", "STATE_FORMAT", "DeterministicCallback", "callback_class"]  # noqa: F822
 
 FRAMEWORKS = ("lightning.pytorch", "pytorch_lightning")
 """The Lightning packages the callback can be built for, preferred first."""
+
+# The callback's warnings point past the Trainer's frames, at the user's line that led there.
+_CALLERS = ("lightning", "pytorch_lightning", "lightning_fabric", "torch")
 
 _classes: dict[str, type[Any]] = {}
 
@@ -263,13 +266,13 @@ class _DeterministicCallback:
         if self._resumed:
             refuse_unreplayable(trainer)
         elif getattr(trainer, "ckpt_path", None) is not None:
-            warnings.warn(
+            warn_at_user(
                 f"the checkpoint {trainer.ckpt_path} holds no detctx RNG state (it was saved "
                 f"without DeterministicCallback), so this run continues from seed {self.seed}, "
                 "not from the RNG state of the run that saved it; resume from a checkpoint "
                 "saved with DeterministicCallback for a bit-identical continuation",
                 DeterminismWarning,
-                stacklevel=1,
+                through=_CALLERS,
             )
 
     def state_dict(self) -> dict[str, Any]:
@@ -292,12 +295,7 @@ class _DeterministicCallback:
         }
 
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: Any) -> None:
-        # Built on every rank, written from rank 0: gather every rank's state into it.
-        entry = checkpoint.get("callbacks", {}).get(self.state_key)
-        if isinstance(entry, dict) and "rng" in entry:
-            fit_state = fit_loop_state(checkpoint) or {}
-            loaders = fit_state.get("combined_loader")
-            entry["ranks"] = gather_ranks({"rng": entry.pop("rng"), "loaders": loaders})
+        gather_every_rank(checkpoint, self.state_key)
 
     def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: Any) -> None:
         # Before Lightning restores its loops: this rank's loader states replace rank 0's.
@@ -333,13 +331,13 @@ class _DeterministicCallback:
         snapshot = Snapshot.from_state_dict(rng)
         saved = (state_dict.get("seed"), state_dict.get("eval_seed"))
         if saved != (self.seed, self.eval_seed):
-            warnings.warn(
+            warn_at_user(
                 f"resuming a run saved with seed={saved[0]}, eval_seed={saved[1]} under "
                 f"DeterministicCallback(seed={self.seed}, eval_seed={self.eval_seed}): the "
                 "training RNG state comes from the checkpoint, the evaluation seed from this "
                 "callback; pass the seeds the run was started with to continue it exactly",
                 DeterminismWarning,
-                stacklevel=1,
+                through=_CALLERS,
             )
         return snapshot, loaders
 
@@ -358,14 +356,14 @@ class _DeterministicCallback:
             found = str(torch.initial_seed())
         if found is None:
             return
-        warnings.warn(
+        warn_at_user(
             f"the run's seed was changed from {self.seed} to {found} after "
             "DeterministicCallback seeded it (seed_everything or torch.manual_seed in "
             "LightningModule.setup or configure_model?): the run now follows that seed, "
             f"not DeterministicCallback(seed={self.seed}). Remove that call, or pass its "
             "seed to the callback",
             DeterminismWarning,
-            stacklevel=2,
+            through=_CALLERS,
         )
 
     def _scoped(self, run: Callable[..., Any]) -> Callable[..., Any]:

@@ -40,9 +40,16 @@ from typing import Any, Final
 
 import torch
 
-from detctx._basics import MissingDependencyError
+from detctx._basics import MissingDependencyError, megatron_tracker_seeds
 from detctx._sources import InvalidField, register_source
 from detctx.distributed import MegatronSeeds
+from detctx.integrations._megatron_states import (
+    check_seeds,
+    device_in_use,
+    read_state,
+    seeded_state,
+    try_on_device,
+)
 
 __all__ = [
     "DATA_PARALLEL",
@@ -66,11 +73,8 @@ _LARGEST_SEED: Final = 2**64 - 1  # what torch's manual_seed takes
 
 def tracker_seeds(seed: int, tp_rank: int, ep_rank: int, etp_rank: int) -> dict[str, int]:
     """The seed of each tracker state, by Megatron's ``model_parallel_cuda_manual_seed``."""
-    return {
-        DATA_PARALLEL: seed,
-        MODEL_PARALLEL: seed + 2718 + tp_rank,
-        EXPERT_PARALLEL: seed + 1024 + 100 * ep_rank + etp_rank,
-    }
+    names = (DATA_PARALLEL, MODEL_PARALLEL, EXPERT_PARALLEL)
+    return dict(zip(names, megatron_tracker_seeds(seed, tp_rank, ep_rank, etp_rank)))
 
 
 class TrackerSource:
@@ -134,7 +138,7 @@ class TrackerSource:
         if not states:
             return None
         return {
-            "states": {name: _read(value) for name, value in states.items()},
+            "states": {name: read_state(value) for name, value in states.items()},
             "seeds": sorted(int(seed) for seed in tracker.seeds_),
         }
 
@@ -163,7 +167,7 @@ class TrackerSource:
             return
         seeds = self._seeds_for(seed, known)
         fresh = {
-            name: _seeded(value)
+            name: seeded_state(value)
             for name, value in seeds.items()
             if not isinstance(live[name], torch.Generator)
         }
@@ -215,7 +219,17 @@ class TrackerSource:
             MODEL_PARALLEL: None if tp is None else f"tp_rank={tp}",
             EXPERT_PARALLEL: None if ep is None or etp is None else f"ep_rank={ep},etp_rank={etp}",
         }
-        return [(name, scopes.get(name), value) for name, value in sorted(state["states"].items())]
+        # Megatron takes any hashable name; a rank's parts are named by text, sorted as text.
+        parts = {
+            name if isinstance(name, str) else repr(name): (name, value)
+            for name, value in state["states"].items()
+        }
+        if len(parts) < len(state["states"]):
+            raise ValueError(
+                f"Megatron's tracker states {list(state['states'])} have names "
+                "that read alike; give them distinct string names"
+            )
+        return [(label, scopes.get(name), value) for label, (name, value) in sorted(parts.items())]
 
     def state_to_plain(self, state: Any) -> Any:
         if state is None:
@@ -249,8 +263,8 @@ class TrackerSource:
         if not states:
             raise InvalidField("states", "must hold at least one state (an empty tracker is None)")
         for name, value in states.items():
-            if not isinstance(name, str) or not name:
-                raise InvalidField("states", f"names must be non-empty strings, not {name!r}")
+            if not isinstance(name, str):
+                raise InvalidField("states", f"names must be strings, not {name!r}")
             if (
                 not isinstance(value, torch.Tensor)
                 or value.dtype != torch.uint8
@@ -262,6 +276,7 @@ class TrackerSource:
         for seed in state["seeds"]:
             if type(seed) is not int or not 0 <= seed <= _LARGEST_SEED:
                 raise InvalidField("seeds", f"must be ints in [0, 2**64 - 1], not {seed!r}")
+        check_seeds(states, state["seeds"])
         tracker = self.tracker()
         if tracker is None:
             raise InvalidField(
@@ -276,16 +291,16 @@ class TrackerSource:
                 f"names {sorted(states)} differ from the tracker's {sorted(live)}: restore a "
                 "checkpoint of the same model and parallel layout",
             )
-        sizes = {_read(value).numel() for value in live.values()}
+        sizes = {read_state(value).numel() for value in live.values()}
         for name, value in states.items():
             if sizes and value.numel() not in sizes:
                 raise InvalidField(
                     f"states[{name!r}]",
                     f"holds {value.numel()} bytes; the tracker's states hold {min(sizes)}",
                 )
-        if _device_in_use():
+        if device_in_use():
             for name, value in states.items():
-                _try_on_device(name, value)
+                try_on_device(name, value)
 
 
 def _check_rank(rank: object, what: str) -> int | None:
@@ -294,45 +309,6 @@ def _check_rank(rank: object, what: str) -> int | None:
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
         raise TypeError(f"{what} must be a non-negative int or None, got {rank!r}")
     return rank
-
-
-def _read(value: Any) -> torch.Tensor:
-    """A copy of one tracker state (a graph-safe tracker holds generators, not tensors)."""
-    if isinstance(value, torch.Generator):
-        return value.get_state()
-    clone: torch.Tensor = value.clone()
-    return clone
-
-
-def _seeded(seed: int) -> torch.Tensor:
-    """A state seeded with ``seed``, made the way Megatron's ``tracker.add`` makes it."""
-    # Through torch.cuda, as Megatron: transfer_to_npu points these calls at torch.npu.
-    cuda = torch.cuda
-    before = cuda.get_rng_state()
-    try:
-        cuda.manual_seed(seed)
-        return cuda.get_rng_state()
-    finally:
-        cuda.set_rng_state(before)
-
-
-def _device_in_use() -> bool:
-    return bool(torch.cuda.is_initialized())  # type: ignore[no-untyped-call]
-
-
-def _try_on_device(name: str, value: torch.Tensor) -> None:
-    cuda = torch.cuda
-    before = cuda.get_rng_state()
-    try:
-        try:
-            cuda.set_rng_state(value)
-            kept = cuda.get_rng_state()
-        except (RuntimeError, ValueError, TypeError) as exc:
-            raise InvalidField(f"states[{name!r}]", f"refused by the device ({exc})") from exc
-    finally:
-        cuda.set_rng_state(before)
-    if not torch.equal(kept, value):
-        raise InvalidField(f"states[{name!r}]", "holds values the device does not keep as given")
 
 
 def register_tracker(

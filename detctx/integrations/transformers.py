@@ -18,18 +18,25 @@ Importing this module imports transformers; without it, it raises
 from __future__ import annotations
 
 import importlib
-import warnings
 from typing import Any
 
 from typing_extensions import Unpack
 
-from detctx._basics import CheckpointError, DeterminismWarning, MissingDependencyError
+from detctx._basics import (
+    CheckpointError,
+    DeterminismWarning,
+    MissingDependencyError,
+    warn_at_user,
+)
 from detctx._blocks import deterministic, open_blocks
 from detctx._data import KeyedCollate, loader_generator
 from detctx._switches import SwitchOptions
 from detctx.integrations._ranks import rank_and_world
 
 __all__ = ["DeterministicCallback"]
+
+# The callback's warnings point past the Trainer's frames, at the user's line that led there.
+_CALLERS = ("transformers", "accelerate", "torch")
 
 
 def _load_transformers() -> Any:
@@ -193,13 +200,13 @@ class DeterministicCallback(_TrainerCallback, _ExportableState):  # type: ignore
         if open_blocks():
             return
         seed = self._block.seed
-        warnings.warn(
+        warn_at_user(
             f"{what} ran outside DeterministicCallback's scope (called directly, or an eval "
             "dataset after the first of a dict): its random draws came from, and moved, "
             f"the caller's RNG streams. Wrap the call: with detctx.deterministic(seed={seed}): "
             f"{call}",
             DeterminismWarning,
-            stacklevel=2,
+            through=_CALLERS,
         )
 
 
