@@ -196,7 +196,7 @@ class _World:
         if entry is not None:
             self.seeding = self._settings.apply(entry, caller)
         elif self._saved is not None:
-            self._saved.restore_each(unchanged=caller)
+            self._saved.restore_each(unchanged=caller, layered=True)
         self._caller = caller
         self._position = blocks.position()
         if self._parked is not None:

@@ -143,7 +143,17 @@ def _pop(block: OpenBlock) -> None:
     block.closed = True
     for other in later:
         other.closed = True
+    # The later blocks' own changes go first, innermost first, so that the overrides
+    # they pushed (the algorithms flag's) leave the stack in order.
+    first_error: BaseException | None = None
+    for other in reversed(later):
+        try:
+            other.snapshot.restore_each()
+        except BaseException as exc:
+            first_error = first_error or exc
     block.snapshot.restore_each()
+    if first_error is not None:
+        raise first_error
     if later:
         raise OutOfOrderExitError(
             f"a deterministic block (seed={block.seeding.seed}) exited while {len(later)} "
@@ -184,6 +194,8 @@ def park(since: Position) -> Parked | None:
         return None
     blocks = tuple(_stack[since.depth :])
     del _stack[since.depth :]
+    for block in reversed(blocks):
+        block.snapshot.lift_changes()
     entered = now[len(since.entered) :]
     _entered.set(since.entered)
     transaction.give_back_holds(len(entered))
@@ -193,6 +205,8 @@ def park(since: Position) -> Parked | None:
 def unpark(parked: Parked) -> None:
     """Put parked blocks back on top of the stack; the caller holds the lock."""
     transaction.take_holds(len(parked.entered))
+    for block in parked.blocks:
+        block.snapshot.reapply_changes()
     _stack.extend(parked.blocks)
     _entered.set(_entered.get() + parked.entered)
 

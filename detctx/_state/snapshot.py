@@ -131,20 +131,29 @@ class Snapshot(Mapping[str, Any]):
             lasts=transaction.Lasts.DONE,
         )
 
-    def restore_each(self, unchanged: Snapshot | None = None) -> None:
+    def restore_each(self, unchanged: Snapshot | None = None, *, layered: bool = False) -> None:
         """Put every captured part back, attempting each even if one fails; the first
         failure is raised afterwards. Not atomic: for a caller inside a transaction.
 
         ``unchanged``: a snapshot of the present state; switches whose value
         is the same there are left alone (a generator step swaps worlds twice,
-        so skipping no-op writes of flags and variables matters).
+        so skipping no-op writes of flags and variables matters). ``layered``:
+        the values go in force *over* ``unchanged`` (a world swapped in over its
+        caller's): a switch with an override stack pushes them there, and
+        restoring ``unchanged`` pops them again.
         """
         first_error: BaseException | None = None
         now = None if unchanged is None else unchanged._switches
         for name, (switch, saved) in reversed(self._switches.items()):
-            if now is not None and name in now and now[name][1] == saved:
-                continue
             try:
+                if now is not None and name in now:
+                    current = now[name][1]
+                    if current == saved and getattr(saved, "override", None) is None:
+                        continue
+                    over = getattr(switch, "restore_over", None) if layered else None
+                    if over is not None:
+                        over(saved, current)
+                        continue
                 switch.restore(saved)
             except BaseException as exc:
                 first_error = first_error or exc
@@ -155,6 +164,25 @@ class Snapshot(Mapping[str, Any]):
                 first_error = first_error or exc
         if first_error is not None:
             raise first_error
+
+    def keep_changes(self) -> None:
+        """What was applied over this snapshot stays in force for good (``seed_all``):
+        switches with an override stack let go of the override without undoing it."""
+        self._each_override("keep")
+
+    def lift_changes(self) -> None:
+        """Take what was applied over this snapshot out of force until
+        :meth:`reapply_changes` (a suspended generator parks its open block)."""
+        self._each_override("lift")
+
+    def reapply_changes(self) -> None:
+        """Put what :meth:`lift_changes` took out back in force."""
+        self._each_override("reapply")
+
+    def _each_override(self, action: str) -> None:
+        for switch, saved in self._switches.values():
+            if getattr(saved, "override", None) is not None:
+                getattr(switch, action)(saved)
 
     def state_dict(self) -> dict[str, Any]:
         """The captured RNG states as plain data for a checkpoint.
