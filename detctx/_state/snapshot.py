@@ -241,8 +241,7 @@ class Snapshot(Mapping[str, Any]):
         if list(self._rng) != list(other._rng) or self.switches != other.switches:
             return False
         return all(
-            state_values.state_value(source, state)
-            == state_values.state_value(*other._rng[name])
+            state_values.state_value(source, state) == state_values.state_value(*other._rng[name])
             for name, (source, state) in self._rng.items()
         )
 
