@@ -23,9 +23,13 @@ open blocks off the stack between steps (:func:`position`, :func:`park`,
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
+import functools
 import os
-from collections.abc import Callable
+import random
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from detctx._basics import OutOfOrderExitError
@@ -38,6 +42,7 @@ __all__ = [
     "Position",
     "abandon",
     "close_block",
+    "discarding",
     "entered_here",
     "open_block",
     "park",
@@ -50,16 +55,18 @@ __all__ = [
 class OpenBlock:
     """One entry of a block: who entered it, what it saved, what it applied."""
 
-    __slots__ = ("closed", "owner", "seeding", "snapshot")
+    __slots__ = ("closed", "owner", "seeding", "snapshot", "thread")
 
     def __init__(self, owner: object, snapshot: Snapshot, seeding: Seeding) -> None:
         self.owner = owner
         self.snapshot = snapshot
         self.seeding = seeding
         self.closed = False
+        self.thread = threading.get_ident()
 
 
 _stack: list[OpenBlock] = []
+_discarding = False  # interpreter exit: exits of blocks nobody can restore are no-ops
 # The blocks entered in the current context (thread or asyncio task), innermost last:
 # it tells which block an exit belongs to, and so whether exits come out of order.
 _entered: contextvars.ContextVar[tuple[OpenBlock, ...]] = contextvars.ContextVar(
@@ -119,7 +126,18 @@ def close_block(owner: object) -> None:
         if entered[index].owner is owner:
             break
     else:
-        raise OutOfOrderExitError(f"{owner!r} was exited without being entered in this context")
+        foreign = _entered_elsewhere(owner)
+        if foreign is None:
+            if _discarding or transaction.collecting():
+                # A parked block of an abandoned generator, closed by the GC or at
+                # interpreter exit: nothing of it is in force, so there is nothing to
+                # restore (its world's own close is deferred, see decorators._drive).
+                return
+            raise OutOfOrderExitError(f"{owner!r} was exited without being entered in this context")
+        # Entered in another thread (a framework's callback closing it, say): that
+        # thread's record of it is left behind, marked closed.
+        transaction.end(functools.partial(_pop, foreign), closing_for=foreign.thread)
+        return
     block = entered[index]
 
     def finish() -> None:
@@ -127,6 +145,26 @@ def close_block(owner: object) -> None:
         _pop(block)
 
     transaction.end(finish)
+
+
+def _entered_elsewhere(owner: object) -> OpenBlock | None:
+    """The innermost open block of ``owner`` entered in another thread, if any."""
+    me = threading.get_ident()
+    for block in reversed(_stack):
+        if block.owner is owner and block.thread != me and not block.closed:
+            return block
+    return None
+
+
+@contextlib.contextmanager
+def discarding() -> Iterator[None]:
+    """While the interpreter exits: a block's exit that finds no entry is a no-op."""
+    global _discarding
+    _discarding = True
+    try:
+        yield
+    finally:
+        _discarding = False
 
 
 def _pop(block: OpenBlock) -> None:
@@ -218,6 +256,13 @@ def _after_fork_in_child() -> None:
         for block in _stack:
             block.closed = True
         del _stack[:]
+        # Python reseeds `random` in a child so that it does not repeat its parent;
+        # putting back the state from before the other thread's blocks undid that.
+        random.seed()
+    else:
+        # The blocks kept would put the parent's `random` state back at their exit.
+        for block in _stack:
+            block.snapshot.renew_after_fork()
 
 
 if hasattr(os, "register_at_fork"):  # not on Windows

@@ -7,6 +7,7 @@ holds RNG states only. Parts are keyed by name (source names, switch names).
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
@@ -164,6 +165,14 @@ class Snapshot(Mapping[str, Any]):
                 first_error = first_error or exc
         if first_error is not None:
             raise first_error
+
+    def renew_after_fork(self) -> None:
+        """In a forked child: the Python ``random`` state this snapshot holds becomes a
+        fresh one, as Python reseeds ``random`` in a child (so that parent and child do
+        not draw the same numbers after the block that holds it)."""
+        part = self._rng.get("python")
+        if part is not None:
+            self._rng["python"] = (part[0], random.Random().getstate())
 
     def keep_changes(self) -> None:
         """What was applied over this snapshot stays in force for good (``seed_all``):
