@@ -55,17 +55,24 @@ __all__ = [
 class OpenBlock:
     """One entry of a block: who entered it, what it saved, what it applied."""
 
-    __slots__ = ("closed", "owner", "seeding", "snapshot", "thread")
+    __slots__ = ("closed", "number", "owner", "restored_to", "seeding", "snapshot", "thread")
 
     def __init__(self, owner: object, snapshot: Snapshot, seeding: Seeding) -> None:
+        global _opened
         self.owner = owner
         self.snapshot = snapshot
         self.seeding = seeding
         self.closed = False
-        self.thread = threading.get_ident()
+        # The thread object, not its ident: a thread's ident is reused once it has ended.
+        self.thread = threading.current_thread()
+        _opened += 1
+        self.number = _opened
+        # Set when an enclosing block exited first: the state it put back, and when.
+        self.restored_to: tuple[Snapshot, int] | None = None
 
 
 _stack: list[OpenBlock] = []
+_opened = 0  # blocks opened so far: each one's number
 _discarding = False  # interpreter exit: exits of blocks nobody can restore are no-ops
 # The blocks entered in the current context (thread or asyncio task), innermost last:
 # it tells which block an exit belongs to, and so whether exits come out of order.
@@ -136,7 +143,7 @@ def close_block(owner: object) -> None:
             raise OutOfOrderExitError(f"{owner!r} was exited without being entered in this context")
         # Entered in another thread (a framework's callback closing it, say): that
         # thread's record of it is left behind, marked closed.
-        transaction.end(functools.partial(_pop, foreign), closing_for=foreign.thread)
+        transaction.end(functools.partial(_pop, foreign), closing_for=foreign.thread.ident)
         return
     block = entered[index]
 
@@ -149,9 +156,9 @@ def close_block(owner: object) -> None:
 
 def _entered_elsewhere(owner: object) -> OpenBlock | None:
     """The innermost open block of ``owner`` entered in another thread, if any."""
-    me = threading.get_ident()
+    me = threading.current_thread()
     for block in reversed(_stack):
-        if block.owner is owner and block.thread != me and not block.closed:
+        if block.owner is owner and block.thread is not me and not block.closed:
             return block
     return None
 
@@ -170,6 +177,7 @@ def discarding() -> Iterator[None]:
 def _pop(block: OpenBlock) -> None:
     """Pop ``block`` and restore its snapshot, or fail loudly if exits are out of order."""
     if block.closed:
+        _restore_again(block)
         raise OutOfOrderExitError(
             "this deterministic block's state was already restored when a block that "
             "encloses it exited first (overlapping blocks in two asyncio tasks or "
@@ -181,6 +189,7 @@ def _pop(block: OpenBlock) -> None:
     block.closed = True
     for other in later:
         other.closed = True
+        other.restored_to = (block.snapshot, _opened)
     # The later blocks' own changes go first, innermost first, so that the overrides
     # they pushed (the algorithms flag's) leave the stack in order.
     first_error: BaseException | None = None
@@ -199,6 +208,19 @@ def _pop(block: OpenBlock) -> None:
             "tasks or generators?); the state from before this block was restored. Decorate "
             "the coroutine or generator function instead: each call then gets its own RNG world"
         )
+
+
+def _restore_again(block: OpenBlock) -> None:
+    """A block closed by an enclosing block's early exit now exits itself: what its body
+    drew since moved the state that exit put back (the caller's), so put it back again,
+    unless blocks were opened since (then that state is theirs to restore)."""
+    restored = block.restored_to
+    if restored is None:
+        return
+    block.restored_to = None
+    snapshot, opened = restored
+    if all(other.number <= opened for other in _stack):
+        snapshot.restore_each()
 
 
 @dataclass(frozen=True)
