@@ -20,7 +20,6 @@ from test_interrupts import hammer
 
 import detctx
 from detctx._blocks import stack as block_stack
-from detctx._state import transaction
 
 ABANDONED = """
 import gc, detctx
