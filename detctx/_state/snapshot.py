@@ -144,10 +144,29 @@ class Snapshot(Mapping[str, Any]):
         restoring ``unchanged`` pops them again.
         """
         first_error: BaseException | None = None
-        now = None if unchanged is None else unchanged._switches
+        if unchanged is None:  # a block's exit: every switch, no comparisons
+            for switch, saved in reversed(self._switches.values()):
+                try:
+                    switch.restore(saved)
+                except BaseException as exc:
+                    first_error = first_error or exc
+        else:
+            first_error = self._restore_switches_over(unchanged._switches, layered=layered)
+        for source, state in self._rng.values():
+            try:
+                source.restore(state)
+            except BaseException as exc:
+                first_error = first_error or exc
+        if first_error is not None:
+            raise first_error
+
+    def _restore_switches_over(
+        self, now: dict[str, tuple[_Part, Any]], *, layered: bool
+    ) -> BaseException | None:
+        first_error: BaseException | None = None
         for name, (switch, saved) in reversed(self._switches.items()):
             try:
-                if now is not None and name in now:
+                if name in now:
                     current = now[name][1]
                     if current == saved and getattr(saved, "override", None) is None:
                         continue
@@ -158,13 +177,7 @@ class Snapshot(Mapping[str, Any]):
                 switch.restore(saved)
             except BaseException as exc:
                 first_error = first_error or exc
-        for source, state in self._rng.values():
-            try:
-                source.restore(state)
-            except BaseException as exc:
-                first_error = first_error or exc
-        if first_error is not None:
-            raise first_error
+        return first_error
 
     def renew_after_fork(self) -> None:
         """In a forked child: the Python ``random`` state this snapshot holds becomes a

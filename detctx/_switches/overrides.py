@@ -32,33 +32,58 @@ __all__ = ["Level", "Override", "OverrideStack"]
 class Override:
     """One client's setting in force: what it set, and the flags it will put back."""
 
-    __slots__ = ("change", "number", "saved", "thread")
+    __slots__ = ("number", "saved", "setting", "thread")
 
-    def __init__(self, change: Callable[[Any], None], saved: Any, number: int) -> None:
-        self.change = change
+    def __init__(self, setting: Any, saved: Any, number: int) -> None:
+        self.setting = setting
         self.saved = saved
         self.number = number
         self.thread = threading.get_ident()
 
 
-class Level(tuple):  # type: ignore[type-arg]
-    """Captured flags (a tuple, compared by value) and the override pushed over them."""
+class Level:
+    """Captured flags (compared by value, indexed like the tuple they are) and the
+    override pushed over them."""
 
-    number: int
-    override: Override | None
+    __slots__ = ("flags", "number", "override")
+
+    def __init__(self, flags: tuple[Any, ...], number: int) -> None:
+        self.flags = flags
+        self.number = number
+        self.override: Override | None = None
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.flags[index]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Level):
+            return self.flags == other.flags
+        return self.flags == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Level({self.flags!r})"
 
 
 class OverrideStack:
     """The overrides in force on one flag, in the order they were pushed.
 
-    ``read()`` returns the flags as a tuple; ``put(flags)`` writes them back.
+    ``read()`` returns the flags as a tuple; ``put(flags)`` writes them back;
+    ``change(setting, flags found)`` puts a client's setting in force.
     Safe from any thread: each operation holds a lock of its own for a few
     reads and writes of the flag, never while user code runs.
     """
 
-    def __init__(self, read: Callable[[], tuple[Any, ...]], put: Callable[[Any], None]) -> None:
+    def __init__(
+        self,
+        read: Callable[[], tuple[Any, ...]],
+        put: Callable[[Any], None],
+        change: Callable[[Any, Any], None],
+    ) -> None:
         self._read = read
         self._put = put
+        self._change = change
         self._overrides: list[Override] = []
         self._lock = threading.RLock()
         self._pushed = 0
@@ -67,26 +92,24 @@ class OverrideStack:
 
     def level(self) -> Level:
         """The flags now, as a level a later :meth:`restore` puts back."""
-        level = Level(self._read())
-        level.number = self._pushed
-        level.override = None
-        return level
+        return Level(self._read(), self._pushed)
 
-    def push(self, change: Callable[[Any], None], over: Level | None = None) -> Override:
-        """``change(flags now)`` and keep it in force until :meth:`pop`.
+    def push(self, setting: Any, over: Level | None = None) -> Override:
+        """Put ``setting`` in force and keep it there until :meth:`pop`.
 
         ``over``: the level captured just before, which will pop this override when restored.
-        If ``change`` raises, the flags are put back and nothing is pushed.
+        If the change raises, the flags are put back and nothing is pushed.
         """
         with self._lock:
-            saved = self._read()
+            # The flags ``over`` holds were read just before, in the same transaction.
+            saved = over.flags if over is not None else self._read()
             try:
-                change(saved)
+                self._change(setting, saved)
             except BaseException:
                 self._put(saved)
                 raise
             self._pushed += 1
-            override = Override(change, saved, self._pushed)
+            override = Override(setting, saved, self._pushed)
             self._overrides.append(override)
         if over is not None:
             over.override = override
@@ -118,7 +141,7 @@ class OverrideStack:
             level.override = None
             self.pop(override)
             return
-        flags = tuple(level)
+        flags = level.flags
         with self._lock:
             for later in self._overrides:
                 if later.number > level.number:
@@ -145,7 +168,7 @@ class OverrideStack:
         """Put a lifted ``override`` back in force, on top, with the flags found now."""
         with self._lock:
             saved = self._read()
-            override.change(saved)
+            self._change(override.setting, saved)
             self._pushed += 1
             override.saved = saved
             override.number = self._pushed

@@ -112,7 +112,7 @@ class AlgorithmsSwitch:
         self._set_flags: Callable[..., None] = getattr(
             torch._C, "_set_deterministic_algorithms", torch.use_deterministic_algorithms
         )
-        self._stack = OverrideStack(self._read, self._put)
+        self._stack = OverrideStack(self._read, self._put, self._switch_on)
 
     def validate(self, setting: object) -> None:
         if isinstance(setting, str):
@@ -134,8 +134,7 @@ class AlgorithmsSwitch:
         return self._stack.level()
 
     def apply(self, setting: Any, seed: int, current: Any) -> str | None:
-        over = current if isinstance(current, Level) else None
-        self._stack.push(lambda found: self._switch_on(setting, found), over)
+        self._stack.push(setting, current if isinstance(current, Level) else None)
         if setting is False:
             return None
         return "algorithms=warn" if setting == "warn" else "algorithms=on"
@@ -144,14 +143,13 @@ class AlgorithmsSwitch:
         if isinstance(saved, Level):
             self._stack.restore(saved)
         else:
-            self._put(saved)
+            self._put(tuple(saved))
 
     def restore_over(self, saved: Any, current: Any) -> None:
         """Put ``saved`` in force over ``current`` (a world swapped in over its caller's
         level): restoring ``current`` pops it again."""
-        over = current if isinstance(current, Level) else None
-        flags = tuple(saved)
-        self._stack.push(lambda found: self._put(flags) if found != flags else None, over)
+        flags = saved.flags if isinstance(saved, Level) else tuple(saved)
+        self._stack.push(flags, current if isinstance(current, Level) else None)
 
     def keep(self, saved: Any) -> None:
         """Leave what was applied over ``saved`` in force for good (``seed_all``)."""
@@ -161,7 +159,7 @@ class AlgorithmsSwitch:
     def override(self, setting: Any) -> Override:
         """Switch the flag on as ``setting`` asks until :meth:`end_override`
         (``deterministic_region``, from any thread)."""
-        return self._stack.push(lambda found: self._switch_on(setting, found, unless_on=True))
+        return self._stack.push(_Region(setting))
 
     def end_override(self, override: Override) -> None:
         self._stack.pop(override)
@@ -182,12 +180,20 @@ class AlgorithmsSwitch:
         """How many blocks, worlds and regions hold the flag now."""
         return self._stack.in_force()
 
-    def _switch_on(self, setting: Any, current: Any, *, unless_on: bool = False) -> None:
+    def _switch_on(self, setting: Any, current: Any) -> None:
+        """Put ``setting`` in force over the flags ``current``: a block's setting, a
+        region's (:class:`_Region`: left alone when already on), or flags (a world's)."""
         if setting is False:
             return
-        warn_only = setting == "warn"
-        if unless_on and current[:2] == (True, warn_only):
+        if isinstance(setting, tuple):
+            if current != setting:
+                self._put(setting)
             return
+        if isinstance(setting, _Region):
+            setting = setting.setting
+            if current[:2] == (True, setting == "warn"):
+                return
+        warn_only = setting == "warn"
         if current[:2] != (True, warn_only) and _npu_initialized():
             warnings.warn(
                 "torch.use_deterministic_algorithms was changed after the NPU was initialised; "
@@ -217,6 +223,15 @@ class AlgorithmsSwitch:
             and self._fill.fill_uninitialized_memory != fill
         ):
             self._fill.fill_uninitialized_memory = fill
+
+
+class _Region:
+    """A region's setting: switched on only where the flags are not on already."""
+
+    __slots__ = ("setting",)
+
+    def __init__(self, setting: Any) -> None:
+        self.setting = setting
 
 
 class CudnnSwitch:
