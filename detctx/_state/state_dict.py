@@ -40,7 +40,6 @@ FORMAT: Final = "detctx.RNGState"
 VERSION: Final = 1
 """The layout version this detctx writes and reads."""
 
-
 @runtime_checkable
 class PlainStateSource(Protocol):
     """An RNG source that converts its own captured state for checkpoints.
