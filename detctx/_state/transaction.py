@@ -215,8 +215,11 @@ def end(finish: Callable[[], None], *, closing_for: int | None = None) -> None:
     off meanwhile. ``closing_for``: the thread that made the change, when it
     is ended from another one; its hold is released on its behalf.
     """
+    effect = interrupts.Effect.CLOSED
     if closing_for is not None and closing_for != threading.get_ident():
+        # Counted (or not) where it was opened, not here.
         interrupts.closed_elsewhere(closing_for)
+        effect = interrupts.Effect.NONE
     held = interrupts.hold()
     try:
         try:
@@ -224,7 +227,7 @@ def end(finish: Callable[[], None], *, closing_for: int | None = None) -> None:
         finally:
             _release()
     finally:
-        interrupts.let_go(held, interrupts.Effect.CLOSED)
+        interrupts.let_go(held, effect)
     if _deferred:
         _run_deferred()
 
