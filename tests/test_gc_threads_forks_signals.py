@@ -7,6 +7,7 @@ import asyncio
 import gc
 import os
 import random
+import signal
 import subprocess
 import sys
 import threading
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import ROOT, TESTS, run_python
+from conftest import ROOT, TESTS, CounterSource, run_python
 from test_interrupts import hammer
 
 import detctx
@@ -97,6 +98,52 @@ def test_abandoned_generators_collected_by_the_gc_neither_crash_nor_print_anythi
     )
     assert (proc.returncode, proc.stdout.strip()) == (0, "survived"), proc.stderr[-2000:]
     assert "Exception ignored" not in proc.stderr  # item 12: OutOfOrderExitError at exit
+
+
+def test_abandoned_generators_collected_while_a_sigusr1_handler_allocates_print_nothing() -> None:
+    # The issue's variant with a SIGUSR1 handler (11 of 11 crashed there). Held off in a
+    # block's entry and handed on at its end, a handler that returned closed the block
+    # again as if it had raised.
+    pinger = """
+import os, signal, threading, time
+signal.signal(signal.SIGUSR1, lambda *a: [object() for _ in range(30)])
+def ping():
+    while True:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(0.0005)
+threading.Thread(target=ping, daemon=True).start()
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", pinger + ABANDONED.replace("ROUNDS", "1000")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert (proc.returncode, proc.stdout.strip()) == (0, "survived"), proc.stderr[-2000:]
+    assert "Error" not in proc.stderr and "Exception ignored" not in proc.stderr
+
+
+def test_a_signal_whose_handler_returns_leaves_the_block_it_arrived_in_open() -> None:
+    received: list[int] = []
+
+    class SignalsWhileSeeding(CounterSource):
+        def seed(self, seed: int) -> None:
+            super().seed(seed)
+            os.kill(os.getpid(), signal.SIGUSR1)  # held: the block's entry is under way
+
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: received.append(signum))
+    detctx.register_source("signals", SignalsWhileSeeding())
+    try:
+        with detctx.deterministic(seed=4) as seeding:
+            open_inside = detctx.open_blocks()
+    finally:
+        detctx.unregister_source("signals")
+        signal.signal(signal.SIGUSR1, previous)
+    assert received == [signal.SIGUSR1]
+    assert open_inside == (seeding,)
+    assert detctx.open_blocks() == ()
 
 
 def test_a_suspended_generator_left_at_interpreter_exit_prints_nothing() -> None:

@@ -57,6 +57,7 @@ __all__ = [
     "Effect",
     "after_fork",
     "closed_elsewhere",
+    "deliver_pending",
     "edge",
     "hold",
     "let_go",
@@ -194,6 +195,30 @@ def pending() -> bool:
     return bool(_pending)
 
 
+def deliver_pending() -> None:
+    """Run the handlers of the signals held so far, now; the first error is raised after all.
+
+    For a change that lasts: only a handler that raises should undo it (a SIGUSR1
+    handler that logs must not close the block it interrupted).
+    """
+    arrived = list(_pending)
+    del _pending[:]
+    _run_handlers(arrived, dict(_previous))
+
+
+def _run_handlers(arrived: list[int], handlers: dict[int, Any]) -> None:
+    first: BaseException | None = None
+    for signum in arrived:
+        try:
+            handler = handlers.get(signum)
+            if handler is not None:
+                handler(signum, None)
+        except BaseException as exc:  # every handler runs; the first error is raised
+            first = first or exc
+    if first is not None:
+        raise first
+
+
 @edge
 def let_go(held: bool, effect: Effect = Effect.NONE) -> None:
     """End a :func:`hold`; ``effect``: whether the section opened or closed a block or world.
@@ -215,16 +240,7 @@ def let_go(held: bool, effect: Effect = Effect.NONE) -> None:
     if _pending:
         arrived = list(_pending)
         del _pending[:]
-        first: BaseException | None = None
-        for signum in arrived:
-            try:
-                handler = handlers.get(signum)
-                if handler is not None:
-                    handler(signum, None)
-            except BaseException as exc:  # every handler runs; the first error is raised
-                first = first or exc
-        if first is not None:
-            raise first
+        _run_handlers(arrived, handlers)
 
 
 def closed_elsewhere(thread: int) -> None:

@@ -172,9 +172,10 @@ def change(
 
     ``lasts``: whether the lock is released on return (:attr:`Lasts.DONE`) or
     held until the matching :func:`end` (:attr:`Lasts.UNTIL_END`). ``undo``:
-    for a change that lasts, how to end it when a SIGINT arrived during the
-    transaction (it must call :func:`end`); the ``KeyboardInterrupt`` is then
-    raised with the state as it was before.
+    for a change that lasts, how to end it when a signal arrived during the
+    transaction and its handler raised (it must call :func:`end`); the error
+    (``KeyboardInterrupt``, ``SystemExit``) is then raised with the state as it
+    was before. A handler that returns leaves the change in force.
     """
     global _baseline
     if _deferred:
@@ -200,7 +201,11 @@ def change(
         else:
             effect = interrupts.Effect.OPENED
             if held and undo is not None and interrupts.pending():
-                undo(result)
+                try:
+                    interrupts.deliver_pending()
+                except BaseException:  # a handler raised: as if it came before the change
+                    undo(result)
+                    raise
     finally:
         interrupts.let_go(held, effect)
     return result
