@@ -2,8 +2,10 @@
 corruptions.
 
 Run by ``tests/test_interrupts.py`` in a child process (signals and the pytest
-process do not mix): ``python tests/hammer_interrupts.py SIGNALS`` prints one
-JSON line. Each signal is sent by a helper thread at a random moment; the
+process do not mix): ``python tests/hammer_interrupts.py SIGNALS [SIGNAL]`` prints one
+JSON line. ``SIGNAL``: ``INT`` (the default), or ``TERM`` / ``USR1``, each with a
+handler that raises (``sys.exit(143)``, as a job saving on preemption does; a
+``RuntimeError``). Each signal is sent by a helper thread at a random moment; the
 main thread catches the ``KeyboardInterrupt`` wherever it lands and checks
 that no block is open, the lock is free, and every RNG, flag and variable
 is what it was before.
@@ -74,7 +76,25 @@ def one_rank_group() -> None:
     torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
 
 
-def main(signals: int) -> None:
+class Usr1(RuntimeError):
+    """What the SIGUSR1 handler raises."""
+
+
+def _raise_usr1(signum: int, frame: object) -> None:
+    raise Usr1("SIGUSR1")
+
+
+HANDLERS = {
+    "INT": None,  # Python's own: KeyboardInterrupt
+    "TERM": lambda signum, frame: sys.exit(143),
+    "USR1": _raise_usr1,
+}
+
+
+def main(signals: int, name: str = "INT") -> None:
+    signum = getattr(signal, f"SIG{name}")
+    if HANDLERS[name] is not None:
+        signal.signal(signum, HANDLERS[name])
     one_rank_group()
     mindspeed_seed(123)
     baseline = world()
@@ -89,7 +109,7 @@ def main(signals: int) -> None:
             if stop:
                 return
             time.sleep(timing.uniform(0, 0.002))
-            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signum)
 
     threading.Thread(target=shoot, daemon=True).start()
     lost = dict.fromkeys(MODES, 0)
@@ -100,7 +120,7 @@ def main(signals: int) -> None:
         try:
             armed.set()
             run()
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, SystemExit, Usr1):
             pass
         sent[mode] += 1
         if detctx.open_blocks() or block_stack.entered_here() or world() != baseline:
@@ -117,4 +137,4 @@ def main(signals: int) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]))
+    main(int(sys.argv[1]), *sys.argv[2:3])

@@ -23,10 +23,10 @@ import detctx
 from detctx._state import interrupts
 
 
-def hammer(script: str, count: int) -> tuple[dict[str, Any], str]:
-    """Run ``tests/<script> count`` in a child; its JSON report and its stderr."""
+def hammer(script: str, count: int, *options: str) -> tuple[dict[str, Any], str]:
+    """Run ``tests/<script> count [options]`` in a child; its JSON report and its stderr."""
     proc = subprocess.run(
-        [sys.executable, str(TESTS / script), str(count)],
+        [sys.executable, str(TESTS / script), str(count), *options],
         capture_output=True,
         text=True,
         cwd=ROOT,

@@ -137,11 +137,13 @@ def seed_all(seed: int | None = DEFAULT_SEED, **switches: Unpack[SwitchOptions])
     """
     settings = Settings(seed, switches, caller="seed_all")
     entry = settings.begin()
-    return transaction.change(
-        lambda before: settings.apply(entry, before),
-        Snapshot.capture_everything,
-        lasts=transaction.Lasts.DONE,
-    )
+
+    def make(before: Snapshot) -> Seeding:
+        seeding = settings.apply(entry, before)
+        before.keep_changes()
+        return seeding
+
+    return transaction.change(make, Snapshot.capture_everything, lasts=transaction.Lasts.DONE)
 
 
 def open_blocks() -> tuple[Seeding, ...]:

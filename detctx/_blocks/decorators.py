@@ -196,7 +196,7 @@ class _World:
         if entry is not None:
             self.seeding = self._settings.apply(entry, caller)
         elif self._saved is not None:
-            self._saved.restore_each(unchanged=caller)
+            self._saved.restore_each(unchanged=caller, layered=True)
         self._caller = caller
         self._position = blocks.position()
         if self._parked is not None:
@@ -267,8 +267,17 @@ def _drive(world: _World, steps: Any, *, returns_at_end: bool) -> Generator[Any,
         except GeneratorExit:
             if sys.is_finalizing():
                 # Closed by garbage collection at interpreter exit: there is no
-                # caller left to protect, and torch may already be torn down.
-                steps.close()
+                # caller left to protect, and torch may already be torn down. The
+                # body's own blocks are parked, so their exits have nothing to restore.
+                with blocks.discarding():
+                    steps.close()
+                raise
+            if transaction.collecting() or transaction.held_elsewhere():
+                # A finalizer run by a GC pass (where setting the ContextVar of the
+                # open blocks can crash CPython), or in a thread that would wait for
+                # a lock whose owner may be waiting for this thread: the body is
+                # closed, in its own world, by the next change that can take the lock.
+                transaction.defer(lambda: _close_in(world, steps))
                 raise
             _close_in(world, steps)
             raise

@@ -30,15 +30,15 @@ from __future__ import annotations
 
 import functools
 import inspect
-import threading
 from collections.abc import Callable
-from typing import Any, Final, Literal, TypeVar, Union, overload
+from typing import Any, Literal, TypeVar, Union, overload
 
 import torch
 from torch import nn
 
 from detctx._basics import nested
 from detctx._switches import SWITCHES
+from detctx._switches import ALGORITHMS, Override
 
 __all__ = ["DeterministicRegion", "deterministic_region"]
 
@@ -46,54 +46,22 @@ F = TypeVar("F", bound=Callable[..., Any])
 M = TypeVar("M", bound=nn.Module)
 Setting = Union[bool, Literal["warn"]]
 
-_ALGORITHMS: Final = next(switch for switch in SWITCHES if switch.name == "algorithms")
+
+# Every region running in the process, forward or backward, holds the flag through the
+# algorithms switch's one stack of overrides, which blocks and generator worlds push and
+# pop too. Regions run in several threads at once (and a forward in one thread while a
+# backward runs on an autograd device thread); each saving and putting back on its own
+# left the flag on whenever two of them overlapped (17 of 20 rounds of 4 threads x 50
+# forward+backward calls), and so did a region overlapping a block in another thread.
 
 
-class _Hold:
-    """One region running, forward or backward: its setting and the flags it found."""
-
-    __slots__ = ("saved", "setting")
-
-    def __init__(self, setting: Setting, saved: Any) -> None:
-        self.setting = setting
-        self.saved = saved
-
-
-# Every region running in the process, in the order they began. The flag is
-# process-wide, and regions run in several threads at once (and a forward in one
-# thread while a backward runs on an autograd device thread): each saving and
-# putting back on its own left the flag on whenever two of them overlapped
-# (17 of 20 rounds of 4 threads x 50 forward+backward calls). A region that ends
-# while a later one still runs hands the flags it found on to that one instead;
-# the region that ends last puts back the setting from before the first.
-_holds: list[_Hold] = []
-_holds_lock: Final = threading.RLock()
-
-
-def _begin(setting: Setting) -> _Hold:
+def _begin(setting: Setting) -> Override:
     """Switch deterministic algorithms on as ``setting`` asks, until :func:`_end`."""
-    with _holds_lock:
-        hold = _Hold(setting, _ALGORITHMS.capture())
-        if hold.saved[:2] != (True, setting == "warn"):
-            try:
-                _ALGORITHMS.apply(setting, 0, hold.saved)
-            except BaseException:  # an NPU warning turned into an error, say
-                _ALGORITHMS.restore(hold.saved)
-                raise
-        _holds.append(hold)
-    return hold
+    return ALGORITHMS.override(setting)
 
 
-def _end(hold: _Hold) -> None:
-    with _holds_lock:
-        index = next((i for i, held in enumerate(_holds) if held is hold), None)
-        if index is None:
-            return
-        del _holds[index]
-        if index < len(_holds):
-            _holds[index].saved = hold.saved
-        else:
-            _ALGORITHMS.restore(hold.saved)
+def _end(hold: Override) -> None:
+    ALGORITHMS.end_override(hold)
 
 
 def _end_of_pass(callback: Callable[[], None]) -> None:
@@ -110,7 +78,7 @@ class _Crossing:
 
     def __init__(self, setting: Setting) -> None:
         self.setting = setting
-        self.hold: _Hold | None = None
+        self.hold: Override | None = None
 
     def enter_backward(self) -> None:
         if self.hold is None:

@@ -23,9 +23,13 @@ open blocks off the stack between steps (:func:`position`, :func:`park`,
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
+import functools
 import os
-from collections.abc import Callable
+import random
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from detctx._basics import OutOfOrderExitError
@@ -38,6 +42,7 @@ __all__ = [
     "Position",
     "abandon",
     "close_block",
+    "discarding",
     "entered_here",
     "open_block",
     "park",
@@ -50,16 +55,25 @@ __all__ = [
 class OpenBlock:
     """One entry of a block: who entered it, what it saved, what it applied."""
 
-    __slots__ = ("closed", "owner", "seeding", "snapshot")
+    __slots__ = ("closed", "number", "owner", "restored_to", "seeding", "snapshot", "thread")
 
     def __init__(self, owner: object, snapshot: Snapshot, seeding: Seeding) -> None:
+        global _opened
         self.owner = owner
         self.snapshot = snapshot
         self.seeding = seeding
         self.closed = False
+        # The thread object, not its ident: a thread's ident is reused once it has ended.
+        self.thread = threading.current_thread()
+        _opened += 1
+        self.number = _opened
+        # Set when an enclosing block exited first: the state it put back, and when.
+        self.restored_to: tuple[Snapshot, int] | None = None
 
 
 _stack: list[OpenBlock] = []
+_opened = 0  # blocks opened so far: each one's number
+_discarding = False  # interpreter exit: exits of blocks nobody can restore are no-ops
 # The blocks entered in the current context (thread or asyncio task), innermost last:
 # it tells which block an exit belongs to, and so whether exits come out of order.
 _entered: contextvars.ContextVar[tuple[OpenBlock, ...]] = contextvars.ContextVar(
@@ -119,7 +133,18 @@ def close_block(owner: object) -> None:
         if entered[index].owner is owner:
             break
     else:
-        raise OutOfOrderExitError(f"{owner!r} was exited without being entered in this context")
+        foreign = _entered_elsewhere(owner)
+        if foreign is None:
+            if _discarding or transaction.collecting():
+                # A parked block of an abandoned generator, closed by the GC or at
+                # interpreter exit: nothing of it is in force, so there is nothing to
+                # restore (its world's own close is deferred, see decorators._drive).
+                return
+            raise OutOfOrderExitError(f"{owner!r} was exited without being entered in this context")
+        # Entered in another thread (a framework's callback closing it, say): that
+        # thread's record of it is left behind, marked closed.
+        transaction.end(functools.partial(_pop, foreign), closing_for=foreign.thread.ident)
+        return
     block = entered[index]
 
     def finish() -> None:
@@ -129,9 +154,30 @@ def close_block(owner: object) -> None:
     transaction.end(finish)
 
 
+def _entered_elsewhere(owner: object) -> OpenBlock | None:
+    """The innermost open block of ``owner`` entered in another thread, if any."""
+    me = threading.current_thread()
+    for block in reversed(_stack):
+        if block.owner is owner and block.thread is not me and not block.closed:
+            return block
+    return None
+
+
+@contextlib.contextmanager
+def discarding() -> Iterator[None]:
+    """While the interpreter exits: a block's exit that finds no entry is a no-op."""
+    global _discarding
+    _discarding = True
+    try:
+        yield
+    finally:
+        _discarding = False
+
+
 def _pop(block: OpenBlock) -> None:
     """Pop ``block`` and restore its snapshot, or fail loudly if exits are out of order."""
     if block.closed:
+        _restore_again(block)
         raise OutOfOrderExitError(
             "this deterministic block's state was already restored when a block that "
             "encloses it exited first (overlapping blocks in two asyncio tasks or "
@@ -143,7 +189,18 @@ def _pop(block: OpenBlock) -> None:
     block.closed = True
     for other in later:
         other.closed = True
+        other.restored_to = (block.snapshot, _opened)
+    # The later blocks' own changes go first, innermost first, so that the overrides
+    # they pushed (the algorithms flag's) leave the stack in order.
+    first_error: BaseException | None = None
+    for other in reversed(later):
+        try:
+            other.snapshot.restore_each()
+        except BaseException as exc:
+            first_error = first_error or exc
     block.snapshot.restore_each()
+    if first_error is not None:
+        raise first_error
     if later:
         raise OutOfOrderExitError(
             f"a deterministic block (seed={block.seeding.seed}) exited while {len(later)} "
@@ -151,6 +208,19 @@ def _pop(block: OpenBlock) -> None:
             "tasks or generators?); the state from before this block was restored. Decorate "
             "the coroutine or generator function instead: each call then gets its own RNG world"
         )
+
+
+def _restore_again(block: OpenBlock) -> None:
+    """A block closed by an enclosing block's early exit now exits itself: what its body
+    drew since moved the state that exit put back (the caller's), so put it back again,
+    unless blocks were opened since (then that state is theirs to restore)."""
+    restored = block.restored_to
+    if restored is None:
+        return
+    block.restored_to = None
+    snapshot, opened = restored
+    if all(other.number <= opened for other in _stack):
+        snapshot.restore_each()
 
 
 @dataclass(frozen=True)
@@ -184,6 +254,8 @@ def park(since: Position) -> Parked | None:
         return None
     blocks = tuple(_stack[since.depth :])
     del _stack[since.depth :]
+    for block in reversed(blocks):
+        block.snapshot.lift_changes()
     entered = now[len(since.entered) :]
     _entered.set(since.entered)
     transaction.give_back_holds(len(entered))
@@ -193,6 +265,8 @@ def park(since: Position) -> Parked | None:
 def unpark(parked: Parked) -> None:
     """Put parked blocks back on top of the stack; the caller holds the lock."""
     transaction.take_holds(len(parked.entered))
+    for block in parked.blocks:
+        block.snapshot.reapply_changes()
     _stack.extend(parked.blocks)
     _entered.set(_entered.get() + parked.entered)
 
@@ -204,6 +278,13 @@ def _after_fork_in_child() -> None:
         for block in _stack:
             block.closed = True
         del _stack[:]
+        # Python reseeds `random` in a child so that it does not repeat its parent;
+        # putting back the state from before the other thread's blocks undid that.
+        random.seed()
+    else:
+        # The blocks kept would put the parent's `random` state back at their exit.
+        for block in _stack:
+            block.snapshot.renew_after_fork()
 
 
 if hasattr(os, "register_at_fork"):  # not on Windows

@@ -1,4 +1,4 @@
-"""Process state as values and the one transaction that changes it: SIGINT held off across a
+"""Process state as values and the one transaction that changes it: signals held off across a
 change, the lock, capture, change, rollback; ``Snapshot`` (RNG states and switch values by
 name), its canonical bytes and its checkpoint form.
 """

@@ -7,6 +7,7 @@ holds RNG states only. Parts are keyed by name (source names, switch names).
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
@@ -138,23 +139,26 @@ class Snapshot(Mapping[str, Any]):
             lasts=transaction.Lasts.DONE,
         )
 
-    def restore_each(self, unchanged: Snapshot | None = None) -> None:
+    def restore_each(self, unchanged: Snapshot | None = None, *, layered: bool = False) -> None:
         """Put every captured part back, attempting each even if one fails; the first
         failure is raised afterwards. Not atomic: for a caller inside a transaction.
 
         ``unchanged``: a snapshot of the present state; switches whose value
         is the same there are left alone (a generator step swaps worlds twice,
-        so skipping no-op writes of flags and variables matters).
+        so skipping no-op writes of flags and variables matters). ``layered``:
+        the values go in force *over* ``unchanged`` (a world swapped in over its
+        caller's): a switch with an override stack pushes them there, and
+        restoring ``unchanged`` pops them again.
         """
         first_error: BaseException | None = None
-        now = None if unchanged is None else unchanged._switches
-        for name, (switch, saved) in reversed(self._switches.items()):
-            if now is not None and name in now and now[name][1] == saved:
-                continue
-            try:
-                switch.restore(saved)
-            except BaseException as exc:
-                first_error = first_error or exc
+        if unchanged is None:  # a block's exit: every switch, no comparisons
+            for switch, saved in reversed(self._switches.values()):
+                try:
+                    switch.restore(saved)
+                except BaseException as exc:
+                    first_error = first_error or exc
+        else:
+            first_error = self._restore_switches_over(unchanged._switches, layered=layered)
         for source, state in self._rng.values():
             try:
                 source.restore(state)
@@ -162,6 +166,52 @@ class Snapshot(Mapping[str, Any]):
                 first_error = first_error or exc
         if first_error is not None:
             raise first_error
+
+    def _restore_switches_over(
+        self, now: dict[str, tuple[_Part, Any]], *, layered: bool
+    ) -> BaseException | None:
+        first_error: BaseException | None = None
+        for name, (switch, saved) in reversed(self._switches.items()):
+            try:
+                if name in now:
+                    current = now[name][1]
+                    if current == saved and getattr(saved, "override", None) is None:
+                        continue
+                    over = getattr(switch, "restore_over", None) if layered else None
+                    if over is not None:
+                        over(saved, current)
+                        continue
+                switch.restore(saved)
+            except BaseException as exc:
+                first_error = first_error or exc
+        return first_error
+
+    def renew_after_fork(self) -> None:
+        """In a forked child: the Python ``random`` state this snapshot holds becomes a
+        fresh one, as Python reseeds ``random`` in a child (so that parent and child do
+        not draw the same numbers after the block that holds it)."""
+        part = self._rng.get("python")
+        if part is not None:
+            self._rng["python"] = (part[0], random.Random().getstate())
+
+    def keep_changes(self) -> None:
+        """What was applied over this snapshot stays in force for good (``seed_all``):
+        switches with an override stack let go of the override without undoing it."""
+        self._each_override("keep")
+
+    def lift_changes(self) -> None:
+        """Take what was applied over this snapshot out of force until
+        :meth:`reapply_changes` (a suspended generator parks its open block)."""
+        self._each_override("lift")
+
+    def reapply_changes(self) -> None:
+        """Put what :meth:`lift_changes` took out back in force."""
+        self._each_override("reapply")
+
+    def _each_override(self, action: str) -> None:
+        for switch, saved in self._switches.values():
+            if getattr(saved, "override", None) is not None:
+                getattr(switch, action)(saved)
 
     def state_dict(self) -> dict[str, Any]:
         """The captured RNG states as plain data for a checkpoint.
@@ -220,8 +270,7 @@ class Snapshot(Mapping[str, Any]):
         if list(self._rng) != list(other._rng) or self.switches != other.switches:
             return False
         return all(
-            state_values.state_value(source, state)
-            == state_values.state_value(*other._rng[name])
+            state_values.state_value(source, state) == state_values.state_value(*other._rng[name])
             for name, (source, state) in self._rng.items()
         )
 

@@ -20,12 +20,25 @@ A transaction
 
 The state is anything with ``restore_each()`` (put every part back, raise
 the first failure afterwards): :class:`~detctx._state.snapshot.Snapshot` is.
+
+The lock is owned by a thread but is not an ``RLock``: a change that lasts
+may be ended from another thread (a framework callback's ``close()`` calling
+a block's ``__exit__``), and an ``RLock`` can only be released by its owner,
+which left every later block in every thread waiting for ever.
+
+Work that must not run where it is asked for (closing a decorated generator
+from a garbage-collector pass, or in a thread that would wait for the lock
+its owner holds while waiting for that thread) is put off with :func:`defer`
+and run by the next change or end that can run it.
 """
 
 from __future__ import annotations
 
 import enum
+import gc
 import threading
+import warnings
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
@@ -37,8 +50,11 @@ __all__ = [
     "Lasts",
     "State",
     "change",
+    "collecting",
+    "defer",
     "end",
     "give_back_holds",
+    "held_elsewhere",
     "reset_after_fork",
     "take_holds",
 ]
@@ -65,32 +81,81 @@ class Lasts(enum.Enum):
 S = TypeVar("S", bound=State)
 T = TypeVar("T")
 
-_lock = threading.RLock()
-_holds = 0  # holds of _lock now, all by its owner
+_mutex = threading.Lock()
+_owner: int | None = None  # the thread that holds the lock now
+_holds = 0  # holds of the lock now, all by its owner
 # What the outermost hold captured: the state from before every change in force now.
 _baseline: State | None = None
+_deferred: list[Callable[[], None]] = []
 
 
-def _acquire() -> None:
-    global _holds
-    if not _lock.acquire(timeout=WAIT_BEFORE_WARNING_S):
-        warn_at_user(
-            f"{threading.current_thread().name} has waited {WAIT_BEFORE_WARNING_S:.0f} s for "
-            "another thread's deterministic block to exit (blocks are serialised across "
-            "threads). If that thread is waiting for this one, this is a deadlock: do not "
-            "enter blocks in threads that a block's owner waits for.",
-            DeterminismWarning,
-        )
-        _lock.acquire()
+def _acquire(*, warn: bool = True) -> None:
+    global _holds, _owner
+    me = threading.get_ident()
+    if _owner != me:
+        if not _mutex.acquire(timeout=WAIT_BEFORE_WARNING_S if warn else -1):
+            warn_at_user(
+                f"{threading.current_thread().name} has waited {WAIT_BEFORE_WARNING_S:.0f} s "
+                "for another thread's deterministic block to exit (blocks are serialised "
+                "across threads). If that thread is waiting for this one, this is a deadlock: "
+                "do not enter blocks in threads that a block's owner waits for.",
+                DeterminismWarning,
+            )
+            _mutex.acquire()
+        _owner = me
     _holds += 1
 
 
 def _release() -> None:
-    global _holds, _baseline
+    global _holds, _baseline, _owner
     _holds -= 1
     if not _holds:
         _baseline = None
-    _lock.release()
+        _owner = None
+        _mutex.release()
+
+
+def held_elsewhere() -> bool:
+    """Whether another thread holds the lock now (taking it here would wait)."""
+    owner = _owner
+    return owner is not None and owner != threading.get_ident()
+
+
+def collecting() -> bool:
+    """Whether a garbage-collector pass is running finalizers now (in any thread)."""
+    return next(reversed(_gc_phase)) == "start"
+
+
+# CPython runs the cyclic GC wherever an allocation crosses its threshold, including
+# inside ContextVar.set; a finalizer that sets a ContextVar there makes CPython free
+# memory it still reads (gh-148891 on 3.10 and 3.11: SIGSEGV in hamt_node_bitmap_clone
+# <- contextvar_set). Finalizers that would change state ask collecting() and defer.
+# The callback is a C method, moving the phase ("start" or "stop") last: a Python
+# callback would be a place where Python drops a KeyboardInterrupt ("Exception
+# ignored in: <function ...>"), and Ctrl-C was lost.
+_gc_phase: OrderedDict[str, None] = OrderedDict(start=None, stop=None)
+# The info dict it is called with is never empty, so it reads as last=True.
+gc.callbacks.append(_gc_phase.move_to_end)  # type: ignore[arg-type]
+
+
+def defer(action: Callable[[], None]) -> None:
+    """Run ``action`` at the next change or end that can (outside a GC pass, lock free or ours)."""
+    _deferred.append(action)
+
+
+def _run_deferred() -> None:
+    if collecting() or held_elsewhere():
+        return
+    while _deferred:
+        action = _deferred.pop(0)
+        try:
+            action()
+        except Exception as exc:  # a finalizer's failure: reported, as Python reports those
+            warn_at_user(
+                f"closing an abandoned decorated generator or coroutine raised "
+                f"{type(exc).__name__}: {exc}",
+                DeterminismWarning,
+            )
 
 
 @interrupts.edge
@@ -105,11 +170,14 @@ def change(
 
     ``lasts``: whether the lock is released on return (:attr:`Lasts.DONE`) or
     held until the matching :func:`end` (:attr:`Lasts.UNTIL_END`). ``undo``:
-    for a change that lasts, how to end it when a SIGINT arrived during the
-    transaction (it must call :func:`end`); the ``KeyboardInterrupt`` is then
-    raised with the state as it was before.
+    for a change that lasts, how to end it when a signal arrived during the
+    transaction and its handler raised (it must call :func:`end`); the error
+    (``KeyboardInterrupt``, ``SystemExit``) is then raised with the state as it
+    was before. A handler that returns leaves the change in force.
     """
     global _baseline
+    if _deferred:
+        _run_deferred()
     held = interrupts.hold()
     effect = interrupts.Effect.NONE
     try:
@@ -131,20 +199,30 @@ def change(
         else:
             effect = interrupts.Effect.OPENED
             if held and undo is not None and interrupts.pending():
-                undo(result)
+                try:
+                    interrupts.deliver_pending()
+                except BaseException:  # a handler raised: as if it came before the change
+                    undo(result)
+                    raise
     finally:
         interrupts.let_go(held, effect)
     return result
 
 
 @interrupts.edge
-def end(finish: Callable[[], None]) -> None:
+def end(finish: Callable[[], None], *, closing_for: int | None = None) -> None:
     """End a change made with :attr:`Lasts.UNTIL_END`: ``finish()``, then release its hold.
 
     ``finish`` puts the state back (every part attempted, the first failure
     raised afterwards); the hold is released whatever it raises, SIGINT held
-    off meanwhile.
+    off meanwhile. ``closing_for``: the thread that made the change, when it
+    is ended from another one; its hold is released on its behalf.
     """
+    effect = interrupts.Effect.CLOSED
+    if closing_for is not None and closing_for != threading.get_ident():
+        # Counted (or not) where it was opened, not here.
+        interrupts.closed_elsewhere(closing_for)
+        effect = interrupts.Effect.NONE
     held = interrupts.hold()
     try:
         try:
@@ -152,7 +230,9 @@ def end(finish: Callable[[], None]) -> None:
         finally:
             _release()
     finally:
-        interrupts.let_go(held, interrupts.Effect.CLOSED)
+        interrupts.let_go(held, effect)
+    if _deferred:
+        _run_deferred()
 
 
 def give_back_holds(count: int) -> None:
@@ -163,10 +243,8 @@ def give_back_holds(count: int) -> None:
 
 def take_holds(count: int) -> None:
     """Take ``count`` holds back for suspended changes resumed by the lock's owner."""
-    global _holds
     for _ in range(count):
-        _lock.acquire()
-        _holds += 1
+        _acquire(warn=False)
 
 
 def reset_after_fork() -> bool:
@@ -180,14 +258,18 @@ def reset_after_fork() -> bool:
     block, say) are the child's too and are kept: then the lock is the
     child's to take.
     """
-    global _lock, _holds, _baseline
-    if _lock.acquire(blocking=False):
-        _lock.release()
+    global _mutex, _owner, _holds, _baseline
+    me = threading.get_ident()
+    if _owner is None or _owner == me:
+        interrupts.after_fork(open_here=_holds)
         return False
     baseline = _baseline
-    _lock = threading.RLock()
+    _mutex = threading.Lock()
+    _owner = None
     _holds = 0
     _baseline = None
+    _deferred.clear()  # other threads' finalizers: their objects are the parent's
+    interrupts.after_fork(open_here=0)
     if baseline is not None:
         try:
             baseline.restore_each()

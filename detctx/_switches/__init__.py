@@ -6,7 +6,9 @@
 from __future__ import annotations
 
 from detctx._switches.npu_level import describe_npu_level
+from detctx._switches.overrides import Level, Override
 from detctx._switches.table import (
+    ALGORITHMS,
     SWITCHES,
     SwitchOptions,
     default_setting,
@@ -15,7 +17,10 @@ from detctx._switches.table import (
 )
 
 __all__ = [
+    "ALGORITHMS",
     "SWITCHES",
+    "Level",
+    "Override",
     "SwitchOptions",
     "default_setting",
     "describe_npu_level",

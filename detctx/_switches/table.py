@@ -20,8 +20,10 @@ from detctx._basics import DeterminismWarning, warn_at_user
 from detctx._environment import ENV_SWITCHES, EnvSwitch, EnvSwitchOptions, env_switches, inductor
 from detctx._sources import active_accelerators
 from detctx._switches.npu_level import NpuLevelSwitch
+from detctx._switches.overrides import Level, Override, OverrideStack
 
 __all__ = [
+    "ALGORITHMS",
     "SWITCHES",
     "AlgorithmsSwitch",
     "CudnnSwitch",
@@ -91,6 +93,12 @@ class AlgorithmsSwitch:
     On Ascend NPUs the deterministic state is taken once per thread, by the
     first setting that is followed by an op launch; after that, turning it on
     or back off is best-effort, and a warning says so.
+
+    The flag has one owner: its :class:`~detctx._switches.overrides.OverrideStack`.
+    A capture is a :class:`~detctx._switches.overrides.Level`; ``apply`` pushes an
+    override over it (even with ``False``, which changes nothing, so that the
+    exit still pops in turn with regions in other threads), and restoring the
+    level pops it. ``deterministic_region`` pushes and pops the same stack.
     """
 
     name = "algorithms"
@@ -103,6 +111,7 @@ class AlgorithmsSwitch:
         self._set_flags: Callable[..., None] = getattr(
             torch._C, "_set_deterministic_algorithms", torch.use_deterministic_algorithms
         )
+        self._stack = OverrideStack(self._read, self._put, self._switch_on)
 
     def validate(self, setting: object) -> None:
         if isinstance(setting, str):
@@ -111,7 +120,7 @@ class AlgorithmsSwitch:
         else:
             _check_bool("algorithms", setting)
 
-    def capture(self) -> Any:
+    def _read(self) -> tuple[Any, ...]:
         fill = self._fill.fill_uninitialized_memory if self._fill is not None else None
         return (
             torch.are_deterministic_algorithms_enabled(),
@@ -120,9 +129,69 @@ class AlgorithmsSwitch:
             inductor.capture(),
         )
 
+    def capture(self) -> Level:
+        return self._stack.level()
+
     def apply(self, setting: Any, seed: int, current: Any) -> str | None:
+        self._stack.push(setting, current if isinstance(current, Level) else None)
         if setting is False:
             return None
+        return "algorithms=warn" if setting == "warn" else "algorithms=on"
+
+    def restore(self, saved: Any) -> None:
+        if isinstance(saved, Level):
+            self._stack.restore(saved)
+        else:
+            self._put(tuple(saved))
+
+    def restore_over(self, saved: Any, current: Any) -> None:
+        """Put ``saved`` in force over ``current`` (a world swapped in over its caller's
+        level): restoring ``current`` pops it again."""
+        flags = saved.flags if isinstance(saved, Level) else tuple(saved)
+        self._stack.push(flags, current if isinstance(current, Level) else None)
+
+    def keep(self, saved: Any) -> None:
+        """Leave what was applied over ``saved`` in force for good (``seed_all``)."""
+        if isinstance(saved, Level):
+            self._stack.keep(saved)
+
+    def override(self, setting: Any) -> Override:
+        """Switch the flag on as ``setting`` asks until :meth:`end_override`
+        (``deterministic_region``, from any thread)."""
+        return self._stack.push(_Region(setting))
+
+    def end_override(self, override: Override) -> None:
+        self._stack.pop(override)
+
+    def lift(self, saved: Any) -> None:
+        """Take what was applied over ``saved`` out of force (a generator parks its block)."""
+        override = saved.override if isinstance(saved, Level) else None
+        if override is not None:
+            self._stack.lift(override)
+
+    def reapply(self, saved: Any) -> None:
+        """Put what was lifted back in force (the generator resumes)."""
+        override = saved.override if isinstance(saved, Level) else None
+        if override is not None:
+            self._stack.reapply(override)
+
+    def overrides_in_force(self) -> int:
+        """How many blocks, worlds and regions hold the flag now."""
+        return self._stack.in_force()
+
+    def _switch_on(self, setting: Any, current: Any) -> None:
+        """Put ``setting`` in force over the flags ``current``: a block's setting, a
+        region's (:class:`_Region`: left alone when already on), or flags (a world's)."""
+        if setting is False:
+            return
+        if isinstance(setting, tuple):
+            if current != setting:
+                self._put(setting)
+            return
+        if isinstance(setting, _Region):
+            setting = setting.setting
+            if current[:2] == (True, setting == "warn"):
+                return
         warn_only = setting == "warn"
         if current[:2] != (True, warn_only) and _npu_initialized():
             warn_at_user(
@@ -135,9 +204,8 @@ class AlgorithmsSwitch:
             )
         inductor.switch_on(current[3])
         self._set_flags(True, warn_only=warn_only)
-        return "algorithms=warn" if warn_only else "algorithms=on"
 
-    def restore(self, saved: Any) -> None:
+    def _put(self, saved: Any) -> None:
         enabled, warn_only, fill, compiled = saved
         now = (
             torch.are_deterministic_algorithms_enabled(),
@@ -153,6 +221,15 @@ class AlgorithmsSwitch:
             and self._fill.fill_uninitialized_memory != fill
         ):
             self._fill.fill_uninitialized_memory = fill
+
+
+class _Region:
+    """A region's setting: switched on only where the flags are not on already."""
+
+    __slots__ = ("setting",)
+
+    def __init__(self, setting: Any) -> None:
+        self.setting = setting
 
 
 class CudnnSwitch:
@@ -183,8 +260,11 @@ def _npu_initialized() -> bool:
     return any(acc.device_type == "npu" and acc.is_initialized() for acc in active_accelerators())
 
 
+ALGORITHMS: Final = AlgorithmsSwitch()
+"""The ``algorithms`` switch: its override stack is shared with ``deterministic_region``."""
+
 SWITCHES: Final[tuple[Switch, ...]] = (
-    AlgorithmsSwitch(),
+    ALGORITHMS,
     # After algorithms (restored before it): torch_npu's level drags torch's flag along.
     NpuLevelSwitch(),
     CudnnSwitch(),
