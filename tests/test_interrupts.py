@@ -128,3 +128,24 @@ def test_a_handler_a_framework_puts_back_after_a_block_keeps_later_blocks_protec
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
         signal.signal(signal.SIGINT, original)
+
+
+def test_another_signals_handler_a_framework_puts_back_after_a_block_gives_way_to_its_default(
+) -> None:
+    # Lightning's signal connector saves the SIGTERM handler it finds when fit starts (detctx's,
+    # inside a block) and puts it back after fit: the next block must still enter, and the
+    # signal's own default stands for the handler nobody knows any more.
+    originals = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        signal.signal(signal.SIGTERM, lambda signum, frame: None)
+        with detctx.deterministic(seed=1):
+            saved = signal.getsignal(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, saved)
+
+        with detctx.deterministic(seed=2):
+            pass
+
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    finally:
+        for signum, handler in originals.items():
+            signal.signal(signum, handler)

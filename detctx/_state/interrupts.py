@@ -163,7 +163,7 @@ def _install() -> bool:
             if signum == signal.SIGINT:
                 swapped[signum] = signal.default_int_handler
             else:
-                _signals.signal(signum, signal.SIG_DFL)
+                _signals.signal(signum, _signals.SIG_DFL)
         elif callable(current):
             swapped[signum] = current
     if not swapped:
