@@ -37,7 +37,6 @@ import torch
 from torch import nn
 
 from detctx._basics import nested
-from detctx._switches import SWITCHES
 from detctx._switches import ALGORITHMS, Override
 
 __all__ = ["DeterministicRegion", "deterministic_region"]

@@ -156,6 +156,8 @@ def _install() -> bool:
     swapped: dict[int, Any] = {}
     for signum in _SCANNED:
         current = getsignal(signum)
+        if current is _handler and signum in _previous:
+            continue  # ours, and what it hands on to is known
         if current is _handler:
             # Put back by a framework that saved it while a block was open (Lightning's signal
             # connector restores, after fit, the handler it found when fit started): what it
@@ -193,6 +195,11 @@ def hold() -> bool:
     global _depth
     if threading.get_ident() != _MAIN:
         return False
+    if signal.SIGINT in _previous and _signals.getsignal(signal.SIGINT) is not _handler:
+        # Replaced under us while ours was in place (a framework, a test fixture): what
+        # stands there now is what a held Ctrl-C is handed on to.
+        del _previous[signal.SIGINT]
+        _install()
     if not _previous and not _install():
         return False
     _depth += 1

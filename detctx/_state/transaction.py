@@ -37,7 +37,6 @@ from __future__ import annotations
 import enum
 import gc
 import threading
-import warnings
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Protocol, TypeVar
