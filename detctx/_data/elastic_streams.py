@@ -30,6 +30,7 @@ import torch
 
 from detctx._basics import UndeclaredStreamError, derive_seed, indexed_seeds
 from detctx._data.keyed_collate import Sources, keyed_streams
+from detctx._data.wrapped import WrappedDataset
 from detctx._sources import registered_sources, registry_version
 from detctx._state import Snapshot
 
@@ -137,7 +138,7 @@ class Collated:
         self.value = value
 
 
-class ElasticSamples(torch.utils.data.Dataset[Any]):
+class ElasticSamples(WrappedDataset):
     """``dataset`` read by :data:`SampleKey`: each sample in streams seeded from its key.
 
     ``__getitems__`` (what a ``DataLoader`` calls for a batch) reads every
@@ -148,20 +149,9 @@ class ElasticSamples(torch.utils.data.Dataset[Any]):
     """
 
     def __init__(self, dataset: Any, keys: Keys, collate: Callable[[list[Any]], Any]) -> None:
-        self.dataset = dataset
+        super().__init__(dataset)
         self.keys = keys
         self.collate = collate
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getattr__(self, name: str) -> Any:
-        # Only reached for names the wrapper lacks; ``dataset`` is looked up in
-        # __dict__, which is empty while unpickling.
-        inner = self.__dict__.get("dataset")
-        if inner is None:
-            raise AttributeError(name)
-        return getattr(inner, name)
 
     def __getitem__(self, key: SampleKey) -> Any:
         epoch, position, index = key

@@ -25,13 +25,14 @@ from typing import Any
 import torch
 
 from detctx._basics import CheckpointError
+from detctx._data.wrapped import WrappedDataset
 from detctx._sources import registered_sources
 from detctx._state import Snapshot
 
 __all__ = ["WorkerStreams"]
 
 
-class WorkerStreams(torch.utils.data.Dataset[Any]):
+class WorkerStreams(WrappedDataset):
     """``dataset`` with each DataLoader worker's RNG states in its ``state_dict()``.
 
     Items, length and attributes are the wrapped dataset's (``.dataset``);
@@ -52,21 +53,11 @@ class WorkerStreams(torch.utils.data.Dataset[Any]):
                 f"resumable_loader takes a map-style dataset, got {type(dataset).__name__} "
                 "(no __getitem__)"
             )
-        self.dataset = dataset
+        super().__init__(dataset)
 
     def __getitem__(self, index: Any) -> Any:
         return self.dataset[index]
 
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getattr__(self, name: str) -> Any:
-        # Only reached for names the wrapper lacks (``__getitems__``, user attributes).
-        # ``dataset`` itself is looked up in __dict__, which is empty while unpickling.
-        inner = self.__dict__.get("dataset")
-        if inner is None:
-            raise AttributeError(name)
-        return getattr(inner, name)
 
     def state_dict(self) -> dict[str, Any]:
         """The wrapped dataset's state and, in a worker, the worker's RNG states."""
