@@ -6,7 +6,7 @@ import copy
 import math
 import os
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -257,3 +257,21 @@ def test_accelerator_states_of_the_wrong_size_and_pending_seeds_of_2_70_are_refu
     )
     assert "'npu'" in output and "seed_before: must be in [0, 18446744073709551615]" in output
     assert "devices[1]: holds 100 bytes" in output
+
+
+@pytest.mark.parametrize("source", ["python", "numpy", "torch"])
+def test_a_source_state_that_is_a_tensor_instead_of_a_dict_is_refused_with_nothing_changed(
+    source: str,
+) -> None:
+    # A crafted file: the source's entry holds a 1-D tensor where its fields belong.
+    state = detctx.capture().state_dict()
+    crafted = copy.deepcopy(state)
+    entry = crafted["sources"][source]
+    key = next(k for k, v in entry.items() if isinstance(v, Mapping | torch.Tensor))
+    entry[key] = torch.zeros(7, dtype=torch.uint8)
+    before = detctx.fingerprint()
+
+    with pytest.raises(detctx.CheckpointError, match=source):
+        detctx.restore(crafted)
+
+    assert detctx.fingerprint() == before

@@ -137,7 +137,7 @@ def _decode_one(name: str, source: RNGSource, kind: str, stored: Any) -> Any:
             f"the RNG state dict's {kind!r} state for source {name!r} has an invalid "
             f"{exc.field}: {exc.reason}; nothing was restored (a corrupted or crafted checkpoint?)"
         ) from exc
-    except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as exc:
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError, RuntimeError) as exc:
         raise CheckpointError(
             f"the RNG state dict's {kind!r} state for source {name!r} is malformed "
             f"({type(exc).__name__}: {exc})"
