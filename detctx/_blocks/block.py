@@ -14,8 +14,8 @@ from typing import Any, TypeVar, overload
 
 from typing_extensions import Unpack
 
+import detctx._blocks.stack as blocks
 from detctx._basics import DEFAULT_SEED
-from detctx._blocks import stack as blocks
 from detctx._blocks.decorators import decorate
 from detctx._blocks.settings import ALONE, Coordinator, Seeding, Settings
 from detctx._state import Snapshot, interrupts, transaction

@@ -19,7 +19,7 @@ from collections.abc import AsyncGenerator, Callable, Coroutine, Generator
 from types import TracebackType
 from typing import Any, Protocol
 
-from detctx._blocks import stack as blocks
+import detctx._blocks.stack as blocks
 from detctx._blocks.settings import Entry, Seeding, Settings
 from detctx._state import Snapshot, interrupts, transaction
 

@@ -34,8 +34,9 @@ from typing import Any, ClassVar
 
 import torch
 
+import detctx._sources.checks as checks
+import detctx._sources.plain as plain
 from detctx._basics import CheckpointError, DeterminismWarning, process_cache, warn_at_user
-from detctx._sources import checks, plain
 from detctx._sources.lazy_queue import QueuedEntry, QueueMark
 
 __all__ = [

@@ -19,7 +19,8 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from detctx._sources import checks, plain
+import detctx._sources.checks as checks
+import detctx._sources.plain as plain
 from detctx._sources.numpy_restore import restore_random_state
 
 __all__ = ["NumpyGeneratorSource", "NumpyRandomStateSource"]

@@ -15,7 +15,8 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 import numpy as np
 import torch
 
-from detctx._sources import checks, plain
+import detctx._sources.checks as checks
+import detctx._sources.plain as plain
 from detctx._sources.accelerators import is_accelerator_name
 from detctx._sources.numpy_sources import NumpyGeneratorSource, NumpyRandomStateSource
 

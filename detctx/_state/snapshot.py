@@ -11,11 +11,12 @@ import random
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
+import detctx._state.state_dict as state_dict
+import detctx._state.transaction as transaction
+import detctx._state.values as state_values
 from detctx._basics import process_cache
 from detctx._environment import WATCHED
 from detctx._sources import RNGSource, active_accelerators, registered_sources, registry_version
-from detctx._state import state_dict, transaction
-from detctx._state import values as state_values
 from detctx._switches import SWITCHES
 
 __all__ = ["Snapshot", "active_sources", "capture", "fingerprint", "restore"]

@@ -41,8 +41,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
+import detctx._state.interrupts as interrupts
 from detctx._basics import DeterminismWarning, warn_at_user
-from detctx._state import interrupts
 
 __all__ = [
     "WAIT_BEFORE_WARNING_S",
