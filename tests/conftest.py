@@ -3,6 +3,7 @@ helpers that child scripts import too are in ``helpers.py``)."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -152,3 +153,21 @@ def launch_ranks(script: Path, world_size: int, *options: str, timeout: float) -
         return [
             json.loads(Path(out_dir, f"rank{rank}.json").read_text()) for rank in range(world_size)
         ]
+
+
+@pytest.fixture
+def one_launch_at_a_time(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """One multi-process launch that finds a free port and binds it later at a time.
+
+    torchrun --standalone and Lightning's ddp_spawn pick a free port, release it and
+    bind it again a moment later; two such launches at once on pytest-xdist's workers
+    met EADDRINUSE (a shuffled run: Lightning's ddp_spawn and an elastic torchrun, in
+    the same second). The lock file sits in the folder every worker's temp dir shares.
+    """
+    lock = tmp_path_factory.getbasetemp().parent / "one-launch-at-a-time.lock"
+    with open(lock, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -43,6 +43,8 @@ import tomllib
 import torch
 from conftest import ROOT, TESTS
 
+pytestmark = pytest.mark.usefixtures("one_launch_at_a_time")
+
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 RUNNER = TESTS / "doc_example_runner.py"
 PREAMBLE = ROOT / "examples" / "docs_preamble.py"

@@ -14,6 +14,7 @@ import torch
 from conftest import ROOT, TESTS
 
 pytestmark = [
+    pytest.mark.usefixtures("one_launch_at_a_time"),
     pytest.mark.slow,
     pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is absent"),
 ]

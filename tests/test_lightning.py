@@ -110,6 +110,7 @@ def test_a_fit_under_the_callback_equals_seed_everything_and_a_deterministic_tra
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("one_launch_at_a_time")
 def test_with_ddp_spawn_on_2_processes_the_callback_equals_seed_everything(tmp_path: Path) -> None:
     reference, ours = tmp_path / "reference", tmp_path / "ours"
     reference.mkdir()

@@ -31,6 +31,8 @@ from lightning_worker_seeds import Model
 import detctx
 from detctx.integrations.lightning import DeterministicCallback
 
+pytestmark = pytest.mark.usefixtures("one_launch_at_a_time")
+
 FIT_TIMEOUT_S = 600
 
 

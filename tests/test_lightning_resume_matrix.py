@@ -19,7 +19,7 @@ from conftest import ROOT, TESTS
 
 import detctx
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_launch_at_a_time")]
 
 pytest.importorskip("lightning.pytorch")
 pytest.importorskip("torchdata.stateful_dataloader")

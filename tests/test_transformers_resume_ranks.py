@@ -18,7 +18,7 @@ import pytest
 import torch
 from conftest import ROOT, TESTS
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_launch_at_a_time")]
 
 pytest.importorskip("transformers")
 
