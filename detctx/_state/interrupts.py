@@ -195,11 +195,6 @@ def hold() -> bool:
     global _depth
     if threading.get_ident() != _MAIN:
         return False
-    if signal.SIGINT in _previous and _signals.getsignal(signal.SIGINT) is not _handler:
-        # Replaced under us while ours was in place (a framework, a test fixture): what
-        # stands there now is what a held Ctrl-C is handed on to.
-        del _previous[signal.SIGINT]
-        _install()
     if not _previous and not _install():
         return False
     _depth += 1
