@@ -43,7 +43,13 @@ def lock_is_free() -> bool:
 
     thread = threading.Thread(target=enter, daemon=True)
     thread.start()
-    return done.wait(10)
+    entered = done.wait(10)
+    if entered:
+        # Still in the block's exit (in torch's C++): a daemon thread there when the
+        # interpreter shuts down is unwound by pthread_exit, and C++ aborts ("terminate
+        # called without an active exception").
+        thread.join(10)
+    return entered
 
 
 def blocks() -> None:
