@@ -308,12 +308,24 @@ def test_bad_loader_arguments_are_refused_when_it_is_built() -> None:
 def test_the_order_and_the_sample_seeds_are_the_same_on_every_machine() -> None:
     # Pinned: the order comes from NumPy's legacy RandomState (frozen streams), the seeds
     # from SplitMix64's finaliser; a change here changes every elastic run's samples.
-    from detctx._basics import indexed_seeds
+    from detctx._basics import indexed_seed, indexed_seeds
 
     assert indexed_seeds(7, [0, 1, 2]) == [746756798, 3768183916, 3119665019]
     assert indexed_seeds(2**32 - 1, [2**63 - 1]) == [2722303198]
+    assert [indexed_seed(7, index) for index in (0, 1, 2)] == indexed_seeds(7, [0, 1, 2])
+    assert indexed_seed(2**32 - 1, 2**63 - 1) == 2722303198
     loader = detctx.elastic_loader(Indexed(20), batch_size=6, seed=1234)
-    assert next(iter(loader))[0].tolist() == [12, 19, 0, 11, 7, 17]
+    assert next(iter(loader))[0].tolist() == [16, 19, 7, 8, 12, 0]
+
+
+@settings(max_examples=200)
+@given(st.integers(0, 2**32 - 1), st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=40))
+def test_one_seed_of_a_family_is_the_same_in_python_integers_as_in_numpy(
+    base: int, indices: list[int]
+) -> None:
+    from detctx._basics import indexed_seed, indexed_seeds
+
+    assert [indexed_seed(base, index) for index in indices] == indexed_seeds(base, indices)
 
 
 def test_a_resume_with_a_larger_global_batch_and_nothing_left_of_the_epoch_starts_the_next() -> (

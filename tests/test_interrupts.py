@@ -149,3 +149,48 @@ def test_another_signals_handler_a_framework_puts_back_after_a_block_gives_way_t
     finally:
         for signum, handler in originals.items():
             signal.signal(signum, handler)
+
+
+def test_a_handler_set_between_two_blocks_is_the_one_a_signal_in_the_second_reaches() -> None:
+    # Entries reuse the last signal scan while every handler is the one it found: a handler
+    # set in between (another function, or the first one put back) must be seen.
+    received: list[str] = []
+    first = signal.getsignal(signal.SIGUSR1)
+    try:
+        with detctx.deterministic(seed=1):
+            pass
+        def one(signum: int, frame: object) -> None:
+            received.append("one")
+
+        def two(signum: int, frame: object) -> None:
+            received.append("two")
+
+        for handler in (one, two, one):
+            signal.signal(signal.SIGUSR1, handler)
+            with detctx.deterministic(seed=2):
+                assert signal.getsignal(signal.SIGUSR1) is not handler  # detctx's, in force
+                signal.raise_signal(signal.SIGUSR1)
+            assert signal.getsignal(signal.SIGUSR1) is handler
+        assert received == ["one", "two", "one"]
+    finally:
+        signal.signal(signal.SIGUSR1, first)
+
+
+def test_the_same_handler_set_again_between_blocks_is_still_handed_each_signal() -> None:
+    received: list[int] = []
+
+    def handler(signum: int, frame: object) -> None:
+        received.append(signum)
+
+    first = signal.getsignal(signal.SIGUSR2)
+    try:
+        for _ in range(3):
+            signal.signal(signal.SIGUSR2, handler)
+            with detctx.deterministic(seed=3):
+                signal.raise_signal(signal.SIGUSR2)
+            signal.signal(signal.SIGUSR2, signal.SIG_DFL)
+            with detctx.deterministic(seed=3):
+                assert signal.getsignal(signal.SIGUSR2) is signal.SIG_DFL  # nothing to hold
+        assert received == [signal.SIGUSR2] * 3
+    finally:
+        signal.signal(signal.SIGUSR2, first)

@@ -278,12 +278,15 @@ def elastic_loader(
         rank=rank,
         world_size=world_size,
         position=Position(),
+        keys=keys,
     )
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
         loader = torch.utils.data.DataLoader(
             ElasticSamples(dataset, keys, collate_fn),
-            batch_sampler=batches,
+            # Its batches are KeyBatch objects, not lists: the DataLoader hands each, as it
+            # is, to the dataset's __getitems__ (in a worker, after one small pickle).
+            batch_sampler=batches,  # type: ignore[arg-type]
             collate_fn=ElasticCollate(collate_fn),
             # Its own generator: every DataLoader iterator draws a base seed for its workers,
             # from torch's global stream when it has none, and a resumed run makes one

@@ -24,49 +24,87 @@ is touched.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 from detctx._basics import content_seed
-from detctx._sources import RNGSource, registered_sources
-from detctx._state import Snapshot, canonical_bytes, transaction
+from detctx._sources import RNGSource, registered_sources, seeder_of
+from detctx._state import canonical_bytes, interrupts, restore_sources, transaction
 
-__all__ = ["KeyedCollate", "content_digest", "keyed_streams"]
+__all__ = ["KeyedCollate", "KeyedStreams", "content_digest", "keyed_streams"]
 
 Sources = list[tuple[str, RNGSource]]
 
 
-@contextmanager
-def keyed_streams(sources: Sources, *, put_back: bool = True) -> Iterator[Callable[[int], None]]:
-    """One transaction in which ``reseed(seed)`` seeds every source of ``sources``.
+class KeyedStreams:
+    """A keyed world over ``sources``: ``with world as reseed:`` is one transaction in which
+    ``reseed(seed)`` seeds every source of ``sources``.
 
     With ``put_back`` the sources are captured on entry and put back on exit,
     so the caller's streams do not move. Without it (a loader worker, whose
     streams are the loader's alone and are seeded again before every draw
     that matters) nothing is captured: a capture costs more than the seeding.
+    One object serves any number of entries, nested ones included (an elastic
+    loader enters its world once per batch: about 8 us in all).
     """
 
-    seeders = [source.seed for _, source in sources]
+    __slots__ = ("_capture", "_open", "reseed")
 
-    def reseed(seed: int) -> None:
-        for seeder in seeders:
-            seeder(seed)
+    def __init__(self, sources: Sources, *, put_back: bool = True) -> None:
+        seeders = [seeder_of(source) for _, source in sources]
 
-    capture: Callable[[], Any] = (lambda: Snapshot.capture(sources)) if put_back else _Kept
-    # One transaction, as a block's: a Ctrl-C lands before the keyed world is in force or
-    # after the caller's is back, and the lock keeps other threads' blocks out meanwhile.
-    before = transaction.change(
-        lambda captured: captured,
-        capture,
-        lasts=transaction.Lasts.UNTIL_END,
-        undo=lambda saved: transaction.end(saved.restore_each),
-    )
-    try:
+        def reseed_each(seed: int) -> None:
+            for seeder in seeders:
+                seeder(seed)
+
         # One source (streams=["torch"]): its own seed method, without a loop per call.
-        yield seeders[0] if len(seeders) == 1 else reseed
-    finally:
-        transaction.end(before.restore_each)
+        self.reseed: Callable[[int], object] = seeders[0] if len(seeders) == 1 else reseed_each
+        self._capture: Callable[[], transaction.State] = (
+            (lambda: _Saved(sources)) if put_back else _Kept
+        )
+        self._open: list[transaction.State] = []
+
+    def _opened(self, before: transaction.State) -> transaction.State:
+        self._open.append(before)  # inside the transaction: no signal lands between
+        return before
+
+    def _undo(self, before: transaction.State) -> None:
+        transaction.end(self._open.pop().restore_each)
+
+    # A Ctrl-C at the start of either is held and handed on with the state whole: when the
+    # world is in force, or after the caller's is back (an edge leads into a held section).
+    @interrupts.edge
+    def __enter__(self) -> Callable[[int], object]:
+        # One transaction, as a block's: the lock keeps other threads' blocks out meanwhile.
+        transaction.change(
+            self._opened, self._capture, lasts=transaction.Lasts.UNTIL_END, undo=self._undo
+        )
+        return self.reseed
+
+    @interrupts.edge
+    def __exit__(self, *exc_info: object) -> None:
+        transaction.end(self._open.pop().restore_each)
+
+
+def keyed_streams(sources: Sources, *, put_back: bool = True) -> KeyedStreams:
+    """A keyed world over ``sources`` (see :class:`KeyedStreams`), for one ``with``."""
+    return KeyedStreams(sources, put_back=put_back)
+
+
+class _Saved:
+    """The states of a keyed world's sources, to put back (a ``Snapshot`` of the sources
+    alone, without its names and fingerprints: captured for every batch a loader reads)."""
+
+    __slots__ = ("_parts",)
+
+    def __init__(self, sources: Sources) -> None:
+        self._parts = [(source, source.capture()) for _, source in sources]
+
+    def restore_each(self) -> None:
+        """Put every source back, attempting each; the first failure is raised afterwards."""
+        first_error = restore_sources(self._parts)
+        if first_error is not None:
+            raise first_error
 
 
 class _Kept:

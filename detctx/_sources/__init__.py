@@ -21,6 +21,7 @@ from detctx._sources.registry import (
     register_source,
     registered_sources,
     registry_version,
+    seeder_of,
     unregister_source,
 )
 
@@ -38,5 +39,6 @@ __all__ = [
     "register_source",
     "registered_sources",
     "registry_version",
+    "seeder_of",
     "unregister_source",
 ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
@@ -25,6 +25,7 @@ __all__ = [
     "RNGSource",
     "register_source",
     "registered_sources",
+    "seeder_of",
     "unregister_source",
 ]
 
@@ -148,6 +149,17 @@ class TorchGeneratorSource:
         state = plain.tensor(stored, torch.uint8).clone()
         checks.check_torch(state, torch.Generator(device=self.device))
         return state
+
+
+def seeder_of(source: RNGSource) -> Callable[[int], object]:
+    """What seeds ``source``: ``source.seed``, or for the built-in torch and Python sources the
+    method it calls, one Python call less (a keyed loader seeds before every sample)."""
+    if type(source) is TorchGeneratorSource:
+        return source._generator.manual_seed
+    if type(source) is PythonRandomSource:
+        seed: Callable[[int], object] = source._rng.seed
+        return seed
+    return source.seed
 
 
 def as_source(obj: object) -> RNGSource:

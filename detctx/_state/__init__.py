@@ -6,7 +6,14 @@ name), its canonical bytes and its checkpoint form.
 from __future__ import annotations
 
 from detctx._state import interrupts, transaction
-from detctx._state.snapshot import Snapshot, active_sources, capture, fingerprint, restore
+from detctx._state.snapshot import (
+    Snapshot,
+    active_sources,
+    capture,
+    fingerprint,
+    restore,
+    restore_sources,
+)
 from detctx._state.state_dict import PlainStateSource
 from detctx._state.values import canonical_bytes, device_state_seed
 
@@ -20,5 +27,6 @@ __all__ = [
     "fingerprint",
     "interrupts",
     "restore",
+    "restore_sources",
     "transaction",
 ]

@@ -46,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import importlib
+import operator
 import os
 import signal
 import threading
@@ -86,6 +87,8 @@ _open = 0  # blocks entered and worlds swapped in, in the main thread
 # The handlers in place before detctx's, by signal, while detctx's are installed.
 _previous: dict[int, Any] = {}
 _pending: list[int] = []  # signals that arrived in a section, in order
+# The handlers the last install found, and what it swapped for them (see _install).
+_last_scan: tuple[list[Any], dict[int, Any]] | None = None
 _SCANNED: tuple[int, ...] = tuple(
     s
     for s in range(1, 32)
@@ -152,10 +155,30 @@ def _deliver(signum: int, frame: FrameType | None) -> None:
 
 
 def _install() -> bool:
-    getsignal = _signals.getsignal
+    # Every entry outside a block installs, and the scan is most of its cost: the handlers
+    # found are compared, by identity, with the last scan's, whose outcome is then reused.
+    global _last_scan
+    found = list(map(_signals.getsignal, _SCANNED))
+    last = _last_scan
+    if last is not None and len(last[0]) == len(found) and all(map(operator.is_, found, last[0])):
+        swapped = last[1]
+    else:
+        swapped = _swapped(found)
+        # Reusable while nothing else changes: no handler of detctx's among them.
+        _last_scan = None if any(handler is _handler for handler in found) else (found, swapped)
+    if not swapped:
+        return False
+    for signum in swapped:
+        if _signals.getsignal(signum) is not _handler:
+            _signals.signal(signum, _handler)
+    _previous.update(swapped)
+    return True
+
+
+def _swapped(found: list[Any]) -> dict[int, Any]:
+    """The handlers detctx's replaces, by signal, given the handlers ``found`` in place."""
     swapped: dict[int, Any] = {}
-    for signum in _SCANNED:
-        current = getsignal(signum)
+    for signum, current in zip(_SCANNED, found):
         if current is _handler and signum in _previous:
             continue  # ours, and what it hands on to is known
         if current is _handler:
@@ -168,13 +191,7 @@ def _install() -> bool:
                 _signals.signal(signum, _signals.SIG_DFL)
         elif callable(current):
             swapped[signum] = current
-    if not swapped:
-        return False
-    for signum in swapped:
-        if getsignal(signum) is not _handler:
-            _signals.signal(signum, _handler)
-    _previous.update(swapped)
-    return True
+    return swapped
 
 
 def _uninstall() -> None:

@@ -8,7 +8,7 @@ holds RNG states only. Parts are keyed by name (source names, switch names).
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
 import detctx._state.state_dict as state_dict
@@ -19,7 +19,7 @@ from detctx._environment import WATCHED
 from detctx._sources import RNGSource, active_accelerators, registered_sources, registry_version
 from detctx._switches import SWITCHES
 
-__all__ = ["Snapshot", "active_sources", "capture", "fingerprint", "restore"]
+__all__ = ["Snapshot", "active_sources", "capture", "fingerprint", "restore", "restore_sources"]
 
 
 class _Part(Protocol):
@@ -160,11 +160,7 @@ class Snapshot(Mapping[str, Any]):
                     first_error = first_error or exc
         else:
             first_error = self._restore_switches_over(unchanged._switches, layered=layered)
-        for source, state in self._rng.values():
-            try:
-                source.restore(state)
-            except BaseException as exc:
-                first_error = first_error or exc
+        first_error = first_error or restore_sources(self._rng.values())
         if first_error is not None:
             raise first_error
 
@@ -316,3 +312,14 @@ def restore(state: Snapshot | Mapping[str, Any], *, strict: bool = True) -> None
 def fingerprint() -> str:
     """A short hex digest of all current RNG states: equal digests mean equal states."""
     return Snapshot.capture().fingerprint()
+
+
+def restore_sources(parts: Iterable[tuple[RNGSource, Any]]) -> BaseException | None:
+    """Restore each ``(source, state)``, attempting every one; the first failure, returned."""
+    first_error: BaseException | None = None
+    for source, state in parts:
+        try:
+            source.restore(state)
+        except BaseException as exc:
+            first_error = first_error or exc
+    return first_error
