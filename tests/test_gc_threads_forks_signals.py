@@ -369,3 +369,36 @@ def test_after_an_out_of_order_exit_in_overlapping_tasks_the_callers_rng_is_wher
         moved += detctx.fingerprint() != before
     assert moved == 0
     assert detctx.open_blocks() == ()
+
+
+@pytest.mark.parametrize("collected_by", ["refcount", "the gc"])
+def test_an_abandoned_generator_with_a_block_open_inside_leaves_sigint_s_handler_alone(
+    collected_by: str,
+) -> None:
+    # Its inner block is parked between steps, out of force: once the generator is closed
+    # (by the GC, later, at the next change), nothing is counted open and the handler
+    # that was there before is back.
+    from detctx._state import interrupts
+
+    original = signal.getsignal(signal.SIGINT)
+
+    @detctx.deterministic(seed=1)
+    def steps() -> Iterator[int]:
+        with detctx.deterministic(seed=2):
+            yield 1
+            yield 2
+
+    for _ in range(3):
+        generator = steps()
+        next(generator)
+        if collected_by == "the gc":
+            cycle: list[Any] = [generator]
+            cycle.append(cycle)
+            del cycle
+        del generator
+        gc.collect()
+        with detctx.deterministic(seed=3):
+            pass
+        assert detctx.open_blocks() == ()
+        assert interrupts._open == 0
+        assert signal.getsignal(signal.SIGINT) is original

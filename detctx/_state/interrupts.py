@@ -58,6 +58,7 @@ __all__ = [
     "Effect",
     "after_fork",
     "closed_elsewhere",
+    "count_open",
     "deliver_pending",
     "edge",
     "hold",
@@ -269,6 +270,14 @@ def let_go(held: bool, effect: Effect = Effect.NONE) -> None:
         arrived = list(_pending)
         del _pending[:]
         _run_handlers(arrived, handlers)
+
+
+def count_open(change: int) -> None:
+    """Blocks this thread's sections leave in force changed by ``change`` without opening or
+    closing (a suspended generator parks its open blocks, and takes them back on resume)."""
+    global _open
+    if threading.get_ident() == _MAIN:
+        _open = max(_open + change, 0)
 
 
 def closed_elsewhere(thread: int) -> None:

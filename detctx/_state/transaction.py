@@ -235,7 +235,9 @@ def end(finish: Callable[[], None], *, closing_for: int | None = None) -> None:
 
 
 def give_back_holds(count: int) -> None:
-    """Release ``count`` holds that suspended changes keep (parked blocks, between steps)."""
+    """Release ``count`` holds that suspended changes keep (parked blocks, between steps):
+    out of force, they no longer count as open for the signal handling either."""
+    interrupts.count_open(-count)
     for _ in range(count):
         _release()
 
@@ -244,6 +246,7 @@ def take_holds(count: int) -> None:
     """Take ``count`` holds back for suspended changes resumed by the lock's owner."""
     for _ in range(count):
         _acquire(warn=False)
+    interrupts.count_open(count)
 
 
 def reset_after_fork() -> bool:
