@@ -30,33 +30,22 @@ import detctx
 
 def lightning(folder: Path, run: str, workers: int) -> dict[str, Any]:
     from lightning_fit import framework
+    from lightning_resume import Model as ResumedModel
 
     from detctx.integrations.lightning import DeterministicCallback
 
     pl = framework()
 
-    class Model(pl.LightningModule):  # type: ignore[misc]
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = torch.nn.Sequential(
-                torch.nn.Linear(4, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 1)
-            )
-            self.losses: list[float] = []
-
-        def training_step(self, batch: Any, index: int) -> torch.Tensor:
-            x, y = batch
-            loss = torch.nn.functional.mse_loss(self.net(x), y)
-            self.losses.append(loss.item())
-            return loss
-
-        def configure_optimizers(self) -> Any:
-            return torch.optim.SGD(self.parameters(), lr=0.1)
+    class Model(ResumedModel):  # type: ignore[misc, valid-type]
+        """The resume tests' model (dropout), reading an elastic loader (no validation here)."""
 
         def train_dataloader(self) -> Any:
-            return detctx.elastic_loader(NoisyPoints(), batch_size=4, seed=3, num_workers=workers)
+            return detctx.elastic_loader(
+                NoisyPoints(), batch_size=4, seed=3, num_workers=self.workers
+            )
 
     with detctx.deterministic(seed=0):
-        model = Model()
+        model = Model(workers)
     saver = pl.callbacks.ModelCheckpoint(
         dirpath=folder, filename="{step}", every_n_train_steps=3, save_top_k=-1
     )

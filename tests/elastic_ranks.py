@@ -18,24 +18,11 @@ import json
 from typing import Any
 
 import torch
-from helpers import NoisyPoints
+from helpers import IndexedPoints
 
 import detctx
 
 GLOBAL_BATCH = 6
-
-
-class Indexed(torch.utils.data.Dataset[tuple[int, torch.Tensor, torch.Tensor]]):
-    """:class:`NoisyPoints` with each sample's index: torch, NumPy and Python augmentation."""
-
-    def __init__(self) -> None:
-        self.points = NoisyPoints()
-
-    def __len__(self) -> int:
-        return len(self.points)
-
-    def __getitem__(self, index: int) -> tuple[int, torch.Tensor, torch.Tensor]:
-        return (index, *self.points[index])
 
 
 def digest(x: torch.Tensor) -> str:
@@ -56,7 +43,7 @@ def main() -> None:
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
     loader = detctx.elastic_loader(
-        Indexed(), batch_size=GLOBAL_BATCH // world, seed=1234, drop_last=True, num_workers=1
+        IndexedPoints(), batch_size=GLOBAL_BATCH // world, seed=1234, drop_last=True, num_workers=1
     )
     start = 0
     if options.resume:

@@ -85,6 +85,19 @@ class NoisyPoints(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return self.x[index] + noise, self.y[index]
 
 
+class IndexedPoints(torch.utils.data.Dataset[tuple[int, torch.Tensor, torch.Tensor]]):
+    """:class:`NoisyPoints` with each sample's index, to check which samples a rank read."""
+
+    def __init__(self) -> None:
+        self.points = NoisyPoints()
+
+    def __len__(self) -> int:
+        return len(self.points)
+
+    def __getitem__(self, index: int) -> tuple[int, torch.Tensor, torch.Tensor]:
+        return (index, *self.points[index])
+
+
 def fork_ranks(run_rank: Any, world: int, *args: Any) -> None:
     """Run ``run_rank(rank, *args)`` in one forked process per rank; exit with the worst code.
 

@@ -30,26 +30,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from helpers import NoisyPoints
+from helpers import IndexedPoints
 
 import detctx
 
 SAMPLES = 20
 STEPS = 11
 SAVE_AT = 5
-
-
-class Indexed(torch.utils.data.Dataset[tuple[int, torch.Tensor, torch.Tensor]]):
-    """``NoisyPoints`` with each item's index, to check which samples each rank read."""
-
-    def __init__(self) -> None:
-        self.points = NoisyPoints()
-
-    def __len__(self) -> int:
-        return len(self.points)
-
-    def __getitem__(self, index: int) -> tuple[int, torch.Tensor, torch.Tensor]:
-        return (index, *self.points[index])
 
 
 def batches(loader: Any, epoch: int) -> Iterator[Any]:
@@ -62,7 +49,7 @@ def batches(loader: Any, epoch: int) -> Iterator[Any]:
 
 
 def build_loader(cell: str, rank: int, world: int) -> Any:
-    dataset = Indexed()
+    dataset = IndexedPoints()
     shard = torch.utils.data.Subset(dataset, range(rank, SAMPLES, world))
     sampler_kind, workers = cell.split("-")
     common = {
