@@ -101,15 +101,19 @@ class ElasticLoader:
             # drop_last): this iterator is the next epoch's.
             position.move_to(position.epoch + 1, 0)
         position.generation += 1
-        generation, epoch, start = position.generation, position.epoch, position.consumed
-        end = self.batches.end(start)
-        for batch, after in zip(self.loader, self.batches.afters(start)):
+        generation, epoch, after = position.generation, position.epoch, position.consumed
+        end, step = self.batches.end(after), self.batches.global_batch
+        for batch in self.loader:
             if position.generation != generation:
                 return  # the position was set anew: this iterator is stale
+            after = min(after + step, end)
             # The last batch of an epoch moves the position to the next epoch's start, as
             # frameworks (Lightning, the Trainer) make one iterator per epoch and stop
             # after len(loader) batches, without asking for the end.
-            position.epoch, position.consumed = (epoch + 1, 0) if after == end else (epoch, after)
+            if after == end:
+                position.epoch, position.consumed = epoch + 1, 0
+            else:
+                position.consumed = after
             yield batch
 
     def state_dict(self) -> dict[str, Any]:

@@ -109,13 +109,6 @@ class ElasticBatches(torch.utils.data.Sampler[KeyBatch]):
             return self.length
         return start + (self.length - start) // self.global_batch * self.global_batch
 
-    def afters(self, start: int) -> Iterator[int]:
-        """The position after each step of an epoch resumed at ``start``, over every rank."""
-        end = self.end(start)
-        return (
-            min(first + self.global_batch, end) for first in range(start, end, self.global_batch)
-        )
-
     def __iter__(self) -> Iterator[KeyBatch]:
         # The position is read now, not at the first batch: a DataLoader makes this
         # iterator before it fetches anything.
@@ -130,10 +123,15 @@ class ElasticBatches(torch.utils.data.Sampler[KeyBatch]):
         """
         order = self.order(epoch)
         end = self.end(start)
-        firsts = range(start, end, self.global_batch)
-        steps = max(1, _SEEDED_AT_ONCE // self.batch_size)
+        size, step, mine_from = self.batch_size, self.global_batch, self.rank * self.batch_size
+        firsts = range(start, end, step)
+        steps = max(1, _SEEDED_AT_ONCE // size)
         for at in range(0, len(firsts), steps):
-            spans = [self._span(first, end) for first in firsts[at : at + steps]]
+            # The positions [mine, stop) this rank takes of each step of the chunk.
+            spans = []
+            for first in firsts[at : at + steps]:
+                mine = first + mine_from
+                spans.append((mine, max(mine, min(mine + size, first + step, end))))
             if self.world_size == 1:  # one rank: its spans follow each other
                 chosen = order[spans[0][0] : spans[-1][1]]
             else:
@@ -147,11 +145,6 @@ class ElasticBatches(torch.utils.data.Sampler[KeyBatch]):
                     epoch, mine, indices[offset:taken], seeds[offset:taken], collate_seed
                 )
                 offset = taken
-
-    def _span(self, first: int, end: int) -> tuple[int, int]:
-        """The positions ``[mine, stop)`` this rank takes of the step that starts at ``first``."""
-        mine = first + self.rank * self.batch_size
-        return mine, max(mine, min(mine + self.batch_size, first + self.global_batch, end))
 
     def __len__(self) -> int:
         """Batches in a whole epoch on this rank."""
