@@ -3,8 +3,9 @@
 ``python tests/lightning_ranks_resume.py FOLDER RUN CASE...``, ``RUN`` being
 ``straight`` or ``resumed``, ``CASE`` being ``STRATEGY-WORKERS-SAMPLER``:
 
-- ``STRATEGY``: ``single`` (one process) or ``spawn`` (``strategy="ddp_spawn"``,
-  2 CPU ranks, gloo);
+- ``STRATEGY``: ``single`` (one process), ``spawn`` (``strategy="ddp_spawn"``,
+  2 CPU ranks, gloo) or ``ddp`` (``strategy="ddp"``: Lightning runs this script
+  again for rank 1, so a launch takes one ``ddp`` case);
 - ``WORKERS``: ``0``, ``2`` or ``2p`` (2 persistent workers);
 - ``SAMPLER``: ``shuffle`` (the recipe: ``resumable_loader(dataset,
   shuffle=True)``), ``distributed`` (a ``DistributedSampler`` the module
@@ -40,7 +41,7 @@ pl = framework()
 
 SAMPLES = 32
 BATCH = 4
-RESUME_AT = {"single": 11, "spawn": 6}
+RESUME_AT = {"single": 11, "spawn": 6, "ddp": 6}
 """The third batch of the second epoch (8 per epoch), or the second (4 per epoch per rank)."""
 
 
@@ -128,8 +129,8 @@ def fit(case: str, folder: Path, run: str) -> None:
     trainer = pl.Trainer(
         max_epochs=2,
         accelerator="cpu",
-        devices=2 if strategy == "spawn" else 1,
-        strategy="ddp_spawn" if strategy == "spawn" else "auto",
+        devices=1 if strategy == "single" else 2,
+        strategy={"single": "auto", "spawn": "ddp_spawn", "ddp": "ddp"}[strategy],
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -146,7 +147,8 @@ def fit(case: str, folder: Path, run: str) -> None:
         trainer.fit(model, ckpt_path=checkpoint)
     except Exception as exc:  # a refusal: in a ddp_spawn rank, re-raised here by the launcher
         unchanged = detctx.capture() == before and detctx.open_blocks() == ()
-        torch.save({"refused": str(exc), "unchanged": unchanged}, folder / "refused.pt")
+        name = "refused.pt" if trainer.global_rank == 0 else f"refused-{trainer.global_rank}.pt"
+        torch.save({"refused": str(exc), "unchanged": unchanged}, folder / name)
 
 
 def main() -> None:

@@ -132,6 +132,24 @@ def test_ddp_spawn_ranks_read_disjoint_covering_shards_and_each_resumes_its_own_
     assert_refused_with_nothing_changed(tmp_path, OTHER_WORLD, "world size 2", "resumed by 1")
 
 
+DDP_EXACT = "ddp-2-distributed"
+DDP_REFUSED = "ddp-0-shuffle"
+
+
+def test_ddp_ranks_relaunched_from_the_script_resume_each_its_own_state(tmp_path: Path) -> None:
+    # strategy="ddp" runs the script again for rank 1 (one fit per launch): the same hooks
+    # as ddp_spawn, the ranks started otherwise; each rank's loader and RNG states travel
+    # in the checkpoint and come back on that rank.
+    for case in (DDP_EXACT, DDP_REFUSED):
+        fits(tmp_path, "straight", case)
+        fits(tmp_path, "resumed", case)
+        assert_shards_disjoint_and_covering(tmp_path, case)
+    assert_resumed_bit_for_bit(tmp_path, DDP_EXACT)
+    assert_refused_with_nothing_changed(tmp_path, DDP_REFUSED, "DistributedSamplerWrapper")
+    rank_1 = torch.load(tmp_path / DDP_REFUSED / "refused-1.pt")
+    assert "DistributedSamplerWrapper" in rank_1["refused"] and rank_1["unchanged"]
+
+
 @pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")
 def test_a_distributed_samplers_epoch_travels_with_the_loader_state() -> None:
     # Lightning makes the resumed loader's iterator before it calls set_epoch, and
