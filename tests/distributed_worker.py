@@ -32,8 +32,11 @@ from detctx import (
     distributed_deterministic,
 )
 
-# Short, so that the scenarios where ranks are missing finish in seconds.
-FAILURE_TIMEOUT_S = 1.0
+# Short, so that the scenarios where ranks are missing finish in seconds; the ranks that do
+# arrive meet at a store barrier first, so none of them is late by more than a moment, even
+# on a loaded machine.
+FAILURE_TIMEOUT_S = 3.0
+BARRIER_TIMEOUT = timedelta(seconds=120)
 
 
 def agreement(rank: int, world: int) -> dict[str, Any]:
@@ -131,7 +134,22 @@ def divergence(rank: int, world: int) -> dict[str, Any]:
     return seen
 
 
-def failures(rank: int, world: int) -> dict[str, Any]:
+def wait_for(store: dist.Store, name: str, count: int) -> None:
+    """Wait until the store's counter ``name`` reaches ``count``."""
+    deadline = time.monotonic() + BARRIER_TIMEOUT.total_seconds()
+    while store.add(f"barrier/{name}", 0) < count:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"barrier {name}: fewer than {count} ranks arrived")
+        time.sleep(0.005)
+
+
+def arrived_together(store: dist.Store, name: str, count: int) -> None:
+    """Wait until ``count`` ranks have called this with ``name`` (a barrier over the store)."""
+    store.add(f"barrier/{name}", 1)
+    wait_for(store, name, count)
+
+
+def failures(rank: int, world: int, store: dist.Store) -> dict[str, Any]:
     """Rank 1 raises inside a verify=True block; then the odd ranks never enter at all.
 
     Runs last: after a timeout, gloo closes the connections it timed out on,
@@ -152,9 +170,10 @@ def failures(rank: int, world: int) -> dict[str, Any]:
     # Every rank creates the groups (a collective); then the odd ranks skip them.
     block_group = dist.new_group(backend="gloo")
     agree_group = dist.new_group(backend="gloo")
+    arriving = (world + 1) // 2  # the even ranks
     if rank % 2:
-        # Stay alive past the others' timeout: a rank stuck elsewhere, not a crash.
-        time.sleep(4 * FAILURE_TIMEOUT_S + 2)
+        # Stay alive until the others timed out: a rank stuck elsewhere, not a crash.
+        wait_for(store, "failures done", arriving)
         return seen
 
     def enter_block() -> None:
@@ -165,12 +184,14 @@ def failures(rank: int, world: int) -> dict[str, Any]:
         detctx.agree_seed(3, group=agree_group, timeout=FAILURE_TIMEOUT_S)
 
     for name, attempt in {"block": enter_block, "agree_seed": agree}.items():
+        arrived_together(store, name, arriving)
         try:
             attempt()
             seen[name] = "entered"
         except SeedAgreementError as exc:
             seen[name] = {"message": str(exc), "missing": list(exc.missing or ())}
     seen["restored_after_timeout"] = detctx.fingerprint() == before
+    store.add("barrier/failures done", 1)
     return seen
 
 
@@ -213,7 +234,7 @@ def run_rank(rank: int, world: int, port: int, out_dir: str, train_too: bool) ->
     }
     if train_too:
         result["train"] = train(rank, world)
-    result["failures"] = failures(rank, world)
+    result["failures"] = failures(rank, world, store)
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
     # No destroy_process_group: torch 2.1's waits forever for the collectives the failure
     # scenarios leave unanswered (a rank that never arrived); newer torch aborts them. The

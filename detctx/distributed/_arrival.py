@@ -176,39 +176,34 @@ def ranks_by_label(labels: Mapping[int, str]) -> dict[str, list[int]]:
 def _missing_ranks(
     prefix: str, rank: int, world_size: int, timeout: float
 ) -> tuple[int, ...] | None:
-    """Mark this rank's arrival in the store and wait up to ``timeout`` for the others'."""
+    """Mark this rank's arrival in the store and wait up to ``timeout`` for the others'.
+
+    Arrivals are counters (``store.add``): reading one never waits, on every store and
+    torch release. (A ``wait`` of a millisecond, the only check torch 2.1's stores have,
+    timed out on a loaded machine for keys that were there, and named ranks that had
+    arrived, this one included.)
+    """
     store = _store()
     if store is None:
         return None
-    keys = [f"{prefix}/{other}" for other in range(world_size)]
     try:
-        store.set(keys[rank], "1")
+        store.add(f"{prefix}/{rank}", 1)
+        arrived = store.add(f"{prefix}/count", 1)
         deadline = time.monotonic() + timeout
-        # One round trip per poll while waiting; key by key only once, at the end.
-        while not _all_set(store, keys):
+        # One round trip per poll while waiting; rank by rank only once, at the end.
+        while arrived < world_size:
             if time.monotonic() >= deadline:
                 return tuple(
-                    other for other in range(world_size) if not _all_set(store, [keys[other]])
+                    other
+                    for other in range(world_size)
+                    if other != rank and store.add(f"{prefix}/{other}", 0) == 0
                 )
             time.sleep(_POLL_S)
+            arrived = store.add(f"{prefix}/count", 0)
         return ()
     except (RuntimeError, ValueError):
         # The store lives in one rank's process (or torchrun's agent); it may be gone.
         return None
-
-
-def _all_set(store: Any, keys: list[str]) -> bool:
-    """Whether every key is in the store, without waiting for any."""
-    check = getattr(store, "check", None)
-    if check is not None:
-        return bool(check(keys))
-    # Older torch's stores (2.1's PrefixStore) have no check(): a wait of a millisecond
-    # says the same, raising "Socket Timeout" (a RuntimeError) when a key is missing.
-    try:
-        store.wait(keys, timedelta(milliseconds=1))
-    except RuntimeError:
-        return False
-    return True
 
 
 def _store() -> Any:
