@@ -27,7 +27,6 @@ from contextlib import AbstractContextManager, contextmanager
 from itertools import count, repeat
 from typing import Any
 
-import numpy as np
 import torch
 
 from detctx._basics import UndeclaredStreamError, derive_seed, indexed_seed, indexed_seeds
@@ -116,14 +115,12 @@ class Keys:
         return indexed_seed(self._family, epoch)
 
     def seeds(self, epoch: int, indices: Any, firsts: list[int]) -> tuple[list[int], list[int]]:
-        """The seeds of samples ``indices`` (an array of ints) of ``epoch``, and of the batches
-        that start at positions ``firsts``: one NumPy call for any number of them (about
-        10 us, and 5 ns more a seed)."""
-        words = np.concatenate(
-            [indices.astype(np.uint64), np.array(firsts, dtype=np.uint64) + np.uint64(_COLLATE)]
-        )
-        seeds = indexed_seeds(self.base(epoch), words)
-        return seeds[: len(indices)], seeds[len(indices) :]
+        """The seeds of samples ``indices`` (an array of ints) of ``epoch``, in one NumPy call
+        (about 8 us, and 5 ns more a seed), and of the batches that start at positions
+        ``firsts``, in Python's integers (0.3 us each)."""
+        base = self.base(epoch)
+        collate = [indexed_seed(base, _COLLATE + first) for first in firsts]
+        return indexed_seeds(base, indices), collate
 
     def sources(self) -> tuple[Sources, Sources]:
         """``(the sources to seed, the registered sources left out)`` in this process."""
