@@ -157,3 +157,29 @@ class Tags:
 def test_an_object_holding_a_set_is_refused_naming_the_hash_seed() -> None:
     with pytest.raises(TypeError, match="PYTHONHASHSEED"):
         keyed()([{"tags": Tags()}])
+
+
+def test_one_keyed_world_entered_again_inside_itself_puts_back_each_level() -> None:
+    from detctx._data.keyed_collate import KeyedStreams
+    from detctx._sources import registered_sources
+
+    world = KeyedStreams([(n, s) for n, s in registered_sources() if n in ("torch", "python")])
+    torch.manual_seed(1)
+    random.seed(1)
+    outside = detctx.fingerprint()
+    with world as reseed:
+        reseed(5)
+        first = (torch.rand(1), random.random())
+        inside = detctx.fingerprint()
+        with world as reseed_again:
+            reseed_again(5)
+            again = (torch.rand(1), random.random())
+            assert torch.equal(again[0], first[0]) and again[1] == first[1]
+        assert detctx.fingerprint() == inside
+        with pytest.raises(ValueError):
+            with world:
+                torch.rand(7)
+                raise ValueError("inside the inner world")
+        assert detctx.fingerprint() == inside
+    assert detctx.fingerprint() == outside
+    assert detctx.open_blocks() == ()
