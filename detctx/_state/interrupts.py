@@ -43,6 +43,7 @@ new main thread, so :func:`after_fork` starts the child's counts afresh.
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import enum
 import importlib
@@ -50,6 +51,7 @@ import operator
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from types import CodeType, FrameType
 from typing import Any, TypeVar
@@ -142,9 +144,15 @@ def _handler(signum: int, frame: FrameType | None) -> None:
 def _send_again(signum: int) -> None:
     # Not from this thread: CPython would run the handler again at the next check in this
     # very handler's frame (the check after a call), before the skipped function goes on.
-    timer = threading.Timer(0.001, os.kill, (os.getpid(), signum))
-    timer.daemon = True
-    timer.start()
+    # A raw thread, started without waiting: threading.Timer.start() waits for its thread
+    # to start, and a copy sent back while it waited (a loaded machine) ran the handler in
+    # threading's frames, which raised it into the skipped function after all.
+    _thread.start_new_thread(_send_later, (signum,))
+
+
+def _send_later(signum: int) -> None:
+    time.sleep(0.001)
+    os.kill(os.getpid(), signum)
 
 
 def _deliver(signum: int, frame: FrameType | None) -> None:
@@ -309,3 +317,7 @@ def after_fork(*, open_here: int) -> None:
 # A signal at the start of a generator-based context manager's exit (Megatron's
 # tracker.fork()) left its generator suspended; run it to its finally first.
 _SKIPPED.add(contextlib._GeneratorContextManager.__exit__.__code__)
+# A copy sent back that arrives while the handler itself runs (for another signal, or for
+# the one it sends back) is sent back again: raised there, it would surface in the function
+# the handler was called in.
+_SKIPPED.update({_handler.__code__, _send_again.__code__})
