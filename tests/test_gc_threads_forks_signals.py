@@ -290,55 +290,59 @@ def test_signals_whose_handlers_raise_corrupt_nothing(name: str) -> None:
     assert report["lock_free"]
 
 
+CONTEXT_MANAGER_EXIT = """
+import contextlib, gc, signal, sys, time, detctx
+signal.signal(signal.SIGINT, signal.default_int_handler)
+device, tracker = {"state": 10}, {"state": 500}
+
+class Device:
+    def capture(self): return device["state"]
+    def restore(self, state): device["state"] = state
+    def seed(self, seed): device["state"] = seed
+
+@contextlib.contextmanager
+def fork():
+    orig = device["state"]
+    device["state"] = tracker["state"]
+    try:
+        yield
+    finally:
+        tracker["state"] = device["state"]
+        device["state"] = orig
+
+exits = contextlib._GeneratorContextManager.__exit__.__code__
+
+def trace(frame, event, arg):
+    if event == "call" and frame.f_code is exits:
+        sys.settrace(None)
+        # What CPython does for a SIGINT that arrives as the exit starts: call the
+        # Python handler with the exit's frame.
+        signal.getsignal(signal.SIGINT)(signal.SIGINT, frame)
+
+detctx.register_source("device", Device())
+bad = 0
+for _ in range(ROUNDS):
+    device["state"], tracker["state"] = 10, 500
+    try:
+        with detctx.deterministic(seed=0):
+            with fork():
+                device["state"] += 1
+                sys.settrace(trace)
+        time.sleep(0.2)
+    except KeyboardInterrupt:
+        pass
+    gc.collect()
+    bad += (device["state"], tracker["state"]) != (10, 501)
+print("corrupted", bad)
+"""
+"""Megatron's tracker.fork() in a block, with a SIGINT as its ``with``'s exit starts."""
+
+
 def test_ctrl_c_at_the_start_of_a_context_managers_exit_inside_a_block_corrupts_nothing() -> None:
     # Megatron's tracker.fork(): a Ctrl-C at the start of its `with`'s exit left its
     # generator suspended, and its `finally` ran after the block had restored everything.
-    output = run_python(
-        """
-        import contextlib, os, signal, sys, time, detctx
-        device = {"state": 10}
-        tracker = {"state": 500}
-
-        class Device:
-            def capture(self): return device["state"]
-            def restore(self, state): device["state"] = state
-            def seed(self, seed): device["state"] = seed
-
-        @contextlib.contextmanager
-        def fork():
-            orig = device["state"]
-            device["state"] = tracker["state"]
-            try:
-                yield
-            finally:
-                tracker["state"] = device["state"]
-                device["state"] = orig
-
-        exits = contextlib._GeneratorContextManager.__exit__.__code__
-
-        def trace(frame, event, arg):
-            if event == "call" and frame.f_code is exits:
-                sys.settrace(None)
-                # What CPython does for a SIGINT that arrives as the exit starts: call
-                # the Python handler with the exit's frame.
-                signal.getsignal(signal.SIGINT)(signal.SIGINT, frame)
-            return None
-
-        detctx.register_source("device", Device())
-        try:
-            with detctx.deterministic(seed=0):
-                with fork():
-                    device["state"] += 1
-                    sys.settrace(trace)
-            time.sleep(1)
-        except KeyboardInterrupt:
-            pass
-        import gc; gc.collect()
-        print("device", device["state"], "tracker", tracker["state"])
-        """,
-        timeout=120,
-    )
-    assert "device 10 tracker 501" in output
+    output = run_python(CONTEXT_MANAGER_EXIT.replace("ROUNDS", "1"), timeout=120)
+    assert "corrupted 0" in output, output
 
 
 def test_after_an_out_of_order_exit_in_overlapping_tasks_the_callers_rng_is_where_it_was() -> None:
@@ -444,50 +448,7 @@ def test_a_signal_handled_inside_detctx_s_own_handler_is_sent_back_again() -> No
 
 @pytest.mark.slow
 def test_ctrl_c_at_the_start_of_a_context_managers_exit_in_many_rounds_corrupts_nothing() -> None:
-    output = run_python(
-        """
-        import contextlib, gc, signal, sys, time, detctx
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        device, tracker = {"state": 10}, {"state": 500}
-
-        class Device:
-            def capture(self): return device["state"]
-            def restore(self, state): device["state"] = state
-            def seed(self, seed): device["state"] = seed
-
-        @contextlib.contextmanager
-        def fork():
-            orig = device["state"]
-            device["state"] = tracker["state"]
-            try:
-                yield
-            finally:
-                tracker["state"] = device["state"]
-                device["state"] = orig
-
-        exits = contextlib._GeneratorContextManager.__exit__.__code__
-
-        def trace(frame, event, arg):
-            if event == "call" and frame.f_code is exits:
-                sys.settrace(None)
-                signal.getsignal(signal.SIGINT)(signal.SIGINT, frame)
-
-        detctx.register_source("device", Device())
-        bad = 0
-        for _ in range(100):
-            device["state"], tracker["state"] = 10, 500
-            try:
-                with detctx.deterministic(seed=0):
-                    with fork():
-                        device["state"] += 1
-                        sys.settrace(trace)
-                time.sleep(0.05)
-            except KeyboardInterrupt:
-                pass
-            gc.collect()
-            bad += (device["state"], tracker["state"]) != (10, 501)
-        print("corrupted", bad)
-        """,
-        timeout=300,
-    )
+    # The signal sent back from the exit arrives 1 ms later, often while the handler still
+    # runs on a loaded machine (six such processes on two cores: 131 of 900 rounds).
+    output = run_python(CONTEXT_MANAGER_EXIT.replace("ROUNDS", "60"), timeout=300)
     assert "corrupted 0" in output, output
