@@ -30,7 +30,7 @@ def hammer(script: str, count: int, *options: str) -> tuple[dict[str, Any], str]
         capture_output=True,
         text=True,
         cwd=ROOT,
-        timeout=120 + count // 2,  # about 0.1 s a signal, more on a loaded machine
+        timeout=120 + count // 2,  # a few ms a signal; far more on a loaded machine
     )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
