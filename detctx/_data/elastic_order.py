@@ -43,7 +43,8 @@ class Position:
 class ElasticBatches(torch.utils.data.Sampler[KeyBatch]):
     """The batch sampler: this rank's part of each global batch, from the loader's position.
 
-    Each batch is a list of ``(epoch, position, index)`` keys. ``set_epoch(e)``
+    Each batch is a :class:`~detctx._data.elastic_streams.KeyBatch`: the positions,
+    dataset indices and seeds of its samples, and its collate seed. ``set_epoch(e)``
     (called by Lightning and the Hugging Face Trainer at each epoch) starts
     epoch ``e`` from its beginning, unless ``e`` is the current epoch, whose
     position is kept (a resumed epoch continues).
@@ -70,7 +71,7 @@ class ElasticBatches(torch.utils.data.Sampler[KeyBatch]):
         self.rank = rank
         self.world_size = world_size
         self.position = position
-        self.seeds = keys
+        self.sample_keys = keys
         self._order: tuple[int, np.ndarray[Any, Any]] | None = None
         # Epoch e's order is drawn with item e of this family of seeds (SeedSequence once,
         # SplitMix64 for each epoch).
@@ -136,7 +137,8 @@ class ElasticBatches(torch.utils.data.Sampler[KeyBatch]):
                 chosen = order[spans[0][0] : spans[-1][1]]
             else:
                 chosen = np.concatenate([order[mine:stop] for mine, stop in spans])
-            seeds, collate_seeds = self.seeds.seeds(epoch, chosen, [mine for mine, _ in spans])
+            firsts_mine = [mine for mine, _ in spans]
+            seeds, collate_seeds = self.sample_keys.seeds(epoch, chosen, firsts_mine)
             indices: list[int] = chosen.tolist()
             offset = 0
             for (mine, stop), collate_seed in zip(spans, collate_seeds):
