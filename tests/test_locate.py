@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 import detctx
+from detctx._locate.batch import Batch
 from detctx._locate.recorder import OpRecorder
 from detctx._locate.trace import OpRecord
 
@@ -164,8 +165,8 @@ def test_a_builtin_backward_op_is_named_by_the_forward_module_and_line():
     ops: list[OpRecord] = []
 
     class Keep:
-        def add(self, record: OpRecord, outputs: list[torch.Tensor]) -> None:
-            ops.append(record)
+        def add_batch(self, batch: Batch) -> None:
+            ops.extend(batch.records())
 
     model = Net()
     recorder = OpRecorder(Keep())
@@ -342,8 +343,8 @@ class Captured:
     def __init__(self) -> None:
         self.records: list[OpRecord] = []
 
-    def add(self, record: OpRecord, outputs: list[torch.Tensor]) -> None:
-        self.records.append(record)
+    def add_batch(self, batch: Batch) -> None:
+        self.records.extend(batch.records())
 
 
 def test_copies_and_views_are_not_recorded_and_a_value_from_outside_counts_where_it_is_used():

@@ -8,7 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from detctx._locate.digest import SMALL, digest
+from detctx._locate.digest import SMALL, STAGED, digest
+from detctx._locate.staging import Staging
 
 WORDS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64, 16: torch.int64}
 
@@ -147,7 +148,7 @@ def test_sign_flips_of_two_float64_elements_change_the_digest():
         flipped = values.clone()
         flipped[[i, j]] = -flipped[[i, j]]
         assert digest(flipped) != digest(values), (i, j)
-    big = torch.randn(SMALL, dtype=torch.float64, generator=torch.Generator().manual_seed(8))
+    big = torch.randn(1 << 15, dtype=torch.float64, generator=torch.Generator().manual_seed(8))
     flipped = big.clone()
     flipped[[10, 20_000]] = -flipped[[10, 20_000]]
     assert digest(flipped) != digest(big)
@@ -255,3 +256,56 @@ def test_a_cuda_tensor_is_digested_on_its_device_to_the_same_digest_as_on_the_ho
         assert found == digest(tensor)
         assert copies == [], "the device path copies only its two sums (through tolist)"
         assert digest(on_device.to(torch.float64)[::2]) == digest(tensor.double()[::2])
+
+
+@st.composite
+def staged_tensors(draw: st.DrawFn) -> list[torch.Tensor]:
+    """Up to a dozen tensors for one Staging, some small enough to be summed directly,
+    some hundreds of KiB (reduced in rows)."""
+    found = []
+    for _ in range(draw(st.integers(1, 12))):
+        tensor = draw(tensors())
+        repeat = draw(st.sampled_from([1, 1, 3, 40, 400]))
+        if repeat > 1:
+            tensor = tensor.repeat(repeat, *([1] * (tensor.dim() - 1)))
+        if tensor.nbytes <= STAGED:
+            found.append(tensor)
+    return found
+
+
+@settings(max_examples=80, deadline=None)
+@given(staged=staged_tensors())
+def test_staged_tensors_get_each_its_own_digest_and_come_back_as_they_were_added(
+    staged: list[torch.Tensor],
+):
+    staging = Staging(capacity=STAGED * 4)
+    added = []
+    for tensor in staged:
+        if staging.room_for([tensor]):
+            assert staging.add(tensor) == len(added)
+            added.append(
+                (tensor, tensor.clone(memory_format=torch.contiguous_format), digest(tensor))
+            )
+    for tensor, _, _ in added:
+        tensor.zero_()  # written after it was added: the staged bytes stay as they were
+    high, low = staging.digests()
+    for number, (_, copy, expected) in enumerate(added):
+        assert (int(high[number]) << 64) | int(low[number]) == expected
+        back = staging.tensor(number)
+        assert back.dtype == copy.dtype and back.shape == copy.shape
+        assert torch.equal(back.reshape(-1).view(torch.uint8), copy.reshape(-1).view(torch.uint8))
+    staging.clear()
+    assert len(staging) == 0 and staging.digests()[0].size == 0
+
+
+def test_a_staging_buffer_says_when_a_tensor_no_longer_fits():
+    staging = Staging(capacity=STAGED)
+    half = torch.zeros(STAGED // 8, dtype=torch.float32)  # half the rows
+    assert staging.room_for([half, half])
+    assert not staging.room_for([half, half, half])
+    staging.add(half)
+    staging.add(half)
+    assert not staging.room_for([torch.zeros(SMALL + 1, dtype=torch.uint8)])
+    assert staging.room_for([torch.zeros(SMALL, dtype=torch.uint8)])
+    with pytest.raises(ValueError, match="multiple of"):
+        Staging(capacity=STAGED + 1)

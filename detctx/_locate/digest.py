@@ -4,19 +4,20 @@ The digest is a 128-bit integer: a hash of the tensor's bytes (its elements
 in logical order) XOR-ed with a hash of its dtype and shape. It is built in
 two steps.
 
-**Reduce** (only for more than :data:`SMALL` bytes): the bytes, read as
+**Reduce** (a tensor of more than :data:`SMALL` bytes): the bytes, read as
 signed 8-bit integers, are cut into rows of :data:`ROW_BYTES` (the last one
 padded with zeros) and multiplied by a fixed matrix of odd 8-bit weights,
 :data:`COLUMNS` columns, with exact 32-bit sums (``torch._int_mm``, an
-integer matrix product). The result, 64 times smaller, is reduced again
-until it is no more than :data:`SMALL` bytes. A difference in the input
+integer matrix product). The result, 256 times smaller, is reduced again
+until it is no more than :data:`SUMMED` bytes. A difference in the input
 survives a step unless every column's weighted sum of it is ``0``: for
 weights that behave like random odd numbers (128 values) that is a
 probability of at most ``2**-7`` per column (fix every weight but one that
 meets a non-zero difference: at most one value of that one cancels), so
-``2**-112`` for the 16 columns.
+``2**-56`` for the 8 columns.
 
-**Sum** (at most :data:`SMALL` bytes, padded to 8-byte words ``w[k]``):
+**Sum** (a tensor of at most :data:`SMALL` bytes, or reduced sums of at most
+:data:`SUMMED` bytes, padded to 8-byte words ``w[k]``):
 ``S_A = sum(w[k] * a[k])`` and ``S_B = sum(bswap(w[k]) * c[k])``, modulo
 ``2**64``, with ``a`` and ``c`` two splitmix64 streams with the lowest bit
 set (odd, and following no pattern). A change in one word is always seen:
@@ -33,17 +34,23 @@ flipping the sign of two float64 elements (bit 63 of their words) changes
 So: a tensor of at most :data:`SMALL` bytes that differs in one element
 always gets another digest; any other difference (several elements, a
 permutation, any tensor larger than that) is missed with probability below
-about ``2**-56``. That is enough: a run compares some 10^3 to 10^7 ops, so a
-difference missed anywhere in it has a probability below ``10^7 * 2**-56``,
-about ``10^-10``, and a difference that slips through one op is still seen
+about ``2**-54`` (at most three reduce steps and the sums, each ``2**-56``).
+That is enough: a run compares some 10^3 to 10^7 ops, so a difference
+missed anywhere in it has a probability below ``10^7 * 2**-54``, about
+``10^-9``, and a difference that slips through one op is still seen
 at the next op that reads its output.
 
-Speed: the reduce step runs at about 0.07 ns per byte on one CPU core
+Speed: the reduce step runs at about 0.06 ns per byte on one CPU core
 (VNNI int8 products), the sums at about 0.15 ns per byte. A tensor is read
-once, in place; the temporaries are the reduced sums (a 64th of its size)
+once, in place; the temporaries are the reduced sums (a 256th of its size)
 and at most 256 KiB of byte-reversed words, plus a contiguous copy of a
 non-contiguous view. On an accelerator both steps are torch ops on the
 device and only the final sums (16 bytes) are copied to the host.
+
+A recorder digests thousands of small tensors a second, where NumPy's
+per-call cost, not the bytes, is what counts:
+:class:`~detctx._locate.staging.Staging` digests many at once, to the same
+digests.
 """
 
 from __future__ import annotations
@@ -56,15 +63,37 @@ from typing import Final
 import numpy as np
 import torch
 
-__all__ = ["COLUMNS", "ROW_BYTES", "SMALL", "digest", "layout_code"]
+__all__ = [
+    "COLUMNS",
+    "NUMPY_DTYPES",
+    "ROW_BYTES",
+    "SMALL",
+    "STAGED",
+    "STREAM_A",
+    "STREAM_C",
+    "SUMMED",
+    "digest",
+    "int_matmul",
+    "layout_code",
+    "layout_halves",
+    "numpy_stream",
+    "stage_weights",
+    "tensor_bytes",
+]
 
-SMALL: Final = 1 << 18
-"""Bytes summed directly; more are reduced first (below this a matrix product's fixed
-cost, some 20 us on a CPU, is more than the sums' whole cost)."""
-ROW_BYTES: Final = 4096
-COLUMNS: Final = 16
+SMALL: Final = 1 << 11
+"""Bytes summed directly; more are reduced first (a reduce step costs less per byte than
+the sums, and one product covers every staged tensor)."""
+ROW_BYTES: Final = 8192
+COLUMNS: Final = 8
+STAGED: Final = SMALL * ROW_BYTES // (4 * COLUMNS)
+"""The largest tensor :class:`~detctx._locate.staging.Staging` takes (512 KiB): one
+reduce step brings it to ``SMALL`` bytes."""
+SUMMED: Final = 1 << 16
+"""Bytes of reduced sums summed directly: a reduce step's fixed cost (some 20 us) is
+more than summing this many."""
 
-_WORDS: Final = SMALL // 8
+_WORDS: Final = SUMMED // 8
 _FEW: Final = 8
 _UNPACK: Final = [(struct.Struct(f"<{n}Q"), struct.Struct(f">{n}Q")) for n in range(_FEW + 1)]
 _MASK: Final = (1 << 64) - 1
@@ -72,15 +101,16 @@ _GAMMA: Final = 0x9E3779B97F4A7C15
 _MIX1: Final = 0xBF58476D1CE4E5B9
 _MIX2: Final = 0x94D049BB133111EB
 # Where each stream starts in the splitmix64 sequence: far apart, so none overlap.
-_STREAM_A: Final = 0
-_STREAM_C: Final = 1 << 40
+STREAM_A: Final = 0
+STREAM_C: Final = 1 << 40
 _STREAM_WEIGHTS: Final = 2 << 40
 
 _numpy_streams: dict[int, np.ndarray] = {}
 _torch_streams: dict[tuple[int, torch.device], torch.Tensor] = {}
 _weights: dict[tuple[int, torch.device], torch.Tensor] = {}
 _layouts: dict[tuple[torch.dtype, tuple[int, ...]], int] = {}
-_NUMPY_DTYPES: Final = frozenset(
+_halves: dict[tuple[torch.dtype, tuple[int, ...]], tuple[int, int]] = {}
+NUMPY_DTYPES: Final = frozenset(
     {
         torch.float64,
         torch.float32,
@@ -107,7 +137,7 @@ def _splitmix(start: int, count: int) -> np.ndarray:
     return result
 
 
-def _numpy_stream(start: int) -> np.ndarray:
+def numpy_stream(start: int) -> np.ndarray:
     stream = _numpy_streams.get(start)
     if stream is None:
         stream = _numpy_streams[start] = _splitmix(start, _WORDS)
@@ -118,20 +148,20 @@ def _numpy_stream(start: int) -> np.ndarray:
 def _few() -> tuple[list[int], list[int]]:
     """The first multipliers of both streams as Python integers."""
     return (
-        [int(m) for m in _numpy_stream(_STREAM_A)[:_FEW]],
-        [int(m) for m in _numpy_stream(_STREAM_C)[:_FEW]],
+        [int(m) for m in numpy_stream(STREAM_A)[:_FEW]],
+        [int(m) for m in numpy_stream(STREAM_C)[:_FEW]],
     )
 
 
 def _torch_stream(start: int, device: torch.device) -> torch.Tensor:
     stream = _torch_streams.get((start, device))
     if stream is None:
-        signed = torch.from_numpy(_numpy_stream(start).view(np.int64))
+        signed = torch.from_numpy(numpy_stream(start).view(np.int64))
         stream = _torch_streams[(start, device)] = signed.to(device)
     return stream
 
 
-def _stage_weights(stage: int, device: torch.device) -> torch.Tensor:
+def stage_weights(stage: int, device: torch.device) -> torch.Tensor:
     """Step ``stage``'s ``ROW_BYTES x COLUMNS`` matrix of odd int8 weights."""
     weights = _weights.get((stage, device))
     if weights is None:
@@ -152,30 +182,40 @@ def layout_code(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
     return code
 
 
-def _int_matmul(rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+def layout_halves(dtype: torch.dtype, shape: tuple[int, ...]) -> tuple[int, int]:
+    """:func:`layout_code` as its high and low 64 bits."""
+    key = (dtype, shape)
+    halves = _halves.get(key)
+    if halves is None:
+        code = layout_code(dtype, tuple(shape))
+        halves = _halves[key] = (code >> 64, code & _MASK)
+    return halves
+
+
+def int_matmul(rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """``rows @ weights`` for int8 operands, exact, as int32."""
     try:
         return torch._int_mm(rows, weights)
     except (AttributeError, RuntimeError):
         # torch before 2.2 on the CPU, or a device without int8 products (CUDA takes
-        # more than 16 rows only). Sums stay below 4096 * 128 * 128 = 2**26: exact in
+        # more than 16 rows only). Sums stay below 8192 * 128 * 128 = 2**27: exact in
         # float64 on every device.
         return (rows.to(torch.float64) @ weights.to(torch.float64)).to(torch.int32)
 
 
 def _reduce(data: torch.Tensor, stage: int) -> torch.Tensor:
     """One reduce step: uint8 bytes in, the product's int32 sums out as uint8 bytes."""
-    weights = _stage_weights(stage, data.device)
-    full = data.numel() // ROW_BYTES
+    weights = stage_weights(stage, data.device)
+    full, rest = divmod(data.numel(), ROW_BYTES)
     signed = data.view(torch.int8)
+    if not rest:
+        return int_matmul(signed.view(full, ROW_BYTES), weights).view(-1).view(torch.uint8)
     parts = []
     if full:
-        parts.append(_int_matmul(signed[: full * ROW_BYTES].view(full, ROW_BYTES), weights))
-    rest = data.numel() - full * ROW_BYTES
-    if rest:
-        last = signed.new_zeros(1, ROW_BYTES)
-        last[0, :rest] = signed[full * ROW_BYTES :]
-        parts.append(_int_matmul(last, weights))
+        parts.append(int_matmul(signed[: full * ROW_BYTES].view(full, ROW_BYTES), weights))
+    last = signed.new_zeros(1, ROW_BYTES)
+    last[0, :rest] = signed[full * ROW_BYTES :]
+    parts.append(int_matmul(last, weights))
     product = parts[0] if len(parts) == 1 else torch.cat(parts)
     return product.reshape(-1).view(torch.uint8)
 
@@ -194,7 +234,7 @@ def _few_sums(raw: bytes) -> tuple[int, int]:
 
 
 def _host_sums(data: np.ndarray) -> tuple[int, int]:
-    """``(S_A, S_B)`` of at most ``SMALL`` bytes (a contiguous uint8 array), in NumPy."""
+    """``(S_A, S_B)`` of at most ``SUMMED`` bytes (a contiguous uint8 array), in NumPy."""
     size = len(data)
     if size <= _FEW * 8:
         return _few_sums(data.tobytes())
@@ -206,13 +246,13 @@ def _host_sums(data: np.ndarray) -> tuple[int, int]:
     count = len(words)
     # Unsigned 64-bit dot products wrap modulo 2**64 without a warning; astype to
     # big-endian reverses each word's bytes in one vectorised pass.
-    first = np.dot(words, _numpy_stream(_STREAM_A)[:count])
-    second = np.dot(words.astype(">u8").view(np.uint64), _numpy_stream(_STREAM_C)[:count])
+    first = np.dot(words, numpy_stream(STREAM_A)[:count])
+    second = np.dot(words.astype(">u8").view(np.uint64), numpy_stream(STREAM_C)[:count])
     return int(first), int(second)
 
 
 def _device_sums(data: torch.Tensor) -> tuple[int, int]:
-    """``(S_A, S_B)`` of at most ``SMALL`` bytes (a contiguous uint8 tensor), on its device."""
+    """``(S_A, S_B)`` of at most ``SUMMED`` bytes (a contiguous uint8 tensor), on its device."""
     device = data.device
     full, rest = divmod(data.numel(), 8)
     if rest or data.storage_offset() % 8:
@@ -227,15 +267,15 @@ def _device_sums(data: torch.Tensor) -> tuple[int, int]:
     # modulo 2**64 in two's complement, the same residues as NumPy's uint64.
     totals = torch.stack(
         (
-            (words * _torch_stream(_STREAM_A, device)[:count]).sum(),
-            (swapped * _torch_stream(_STREAM_C, device)[:count]).sum(),
+            (words * _torch_stream(STREAM_A, device)[:count]).sum(),
+            (swapped * _torch_stream(STREAM_C, device)[:count]).sum(),
         )
     )
     first, second = totals.tolist()  # the only copy to the host: 16 bytes
     return first & _MASK, second & _MASK
 
 
-def _bytes(tensor: torch.Tensor) -> torch.Tensor:
+def tensor_bytes(tensor: torch.Tensor) -> torch.Tensor:
     """The tensor's elements in logical order as a 1-D uint8 tensor (a copy only if needed)."""
     flat = tensor.detach()
     if flat.is_conj():
@@ -255,7 +295,7 @@ def digest(tensor: torch.Tensor, *, on_host: bool | None = None) -> int | None:
 
     A non-contiguous view is read in its logical order. Sparse, quantized and
     meta tensors and tensor subclasses have no digest. ``on_host`` forces
-    the final sums into NumPy (``True``, copying at most ``SMALL`` bytes to
+    the final sums into NumPy (``True``, copying at most ``SUMMED`` bytes to
     the host) or into torch (``False``); by default CPU tensors use NumPy and
     others their own device.
     """
@@ -270,7 +310,7 @@ def digest(tensor: torch.Tensor, *, on_host: bool | None = None) -> int | None:
     if (
         on_host is not False
         and device == "cpu"
-        and tensor.dtype in _NUMPY_DTYPES
+        and tensor.dtype in NUMPY_DTYPES
         and tensor.numel() * tensor.element_size() <= SMALL
     ):
         # Most ops' outputs: two calls to reach the bytes (numpy(force=True) detaches
@@ -282,11 +322,11 @@ def digest(tensor: torch.Tensor, *, on_host: bool | None = None) -> int | None:
             array = np.ascontiguousarray(array)
             first, second = _host_sums(array.reshape(-1).view(np.uint8))
         return ((first << 64) | second) ^ layout
-    data = _bytes(tensor)
-    stage = 0
-    while data.numel() > SMALL:
+    data = tensor_bytes(tensor)
+    stage, limit = 0, SMALL
+    while data.numel() > limit:
         data = _reduce(data, stage)
-        stage += 1
+        stage, limit = stage + 1, SUMMED
     if on_host is None:
         on_host = data.device.type == "cpu"
     if on_host:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from itertools import zip_longest
 from pathlib import Path
@@ -11,6 +10,16 @@ from pathlib import Path
 import torch
 
 from detctx._basics import CAUSES_OF_A_DIFFERENT_START
+from detctx._locate.batch import (
+    COMPARED as _COMPARED,
+)
+from detctx._locate.batch import (
+    ROW,
+    Batch,
+    RowReader,
+    first_difference,
+    row_record,
+)
 from detctx._locate.trace import OpRecord, read_trace
 
 __all__ = [
@@ -113,6 +122,9 @@ class Divergence:
         )
 
 
+_FIELDS = {name: position for position, name in enumerate(ROW.names or ())}
+
+
 def _describe(record: OpRecord) -> str:
     module = f"in module {record.module_path}" if record.module_path else "at top level"
     return f"{record.op} {module} ({record.source})"
@@ -165,60 +177,83 @@ def _divergence(
 
 
 class OpComparison:
-    """A sink that compares a run, op by op, with a recorded reference run."""
+    """A sink that compares a run, batch by batch, with a reference run's rows."""
 
-    def __init__(self, reference: Iterator[OpRecord], run: int) -> None:
+    def __init__(self, reference: RowReader, run: int) -> None:
         self.reference = reference
         self.run = run
-        self.index = 0
         self.found: Divergence | None = None
         self.reference_record: OpRecord | None = None
         self.tensors: list[torch.Tensor] = []
-        self.drawn = False  # whether an op before this one drew random numbers
+        self.drawn = False  # whether an op before the compared ones drew random numbers
+        self.index = 0  # ops compared
 
-    def add(self, record: OpRecord, outputs: list[torch.Tensor]) -> None:
+    def wants(self, index: int, row: tuple[int, ...]) -> bool:
+        """Whether op ``index`` differs from the reference's (its tensors are then kept)."""
+        if self.found is not None:
+            return False
+        expected = self.reference.peek(index)
+        if expected is None:
+            return False
+        return any(int(expected[name]) != row[_FIELDS[name]] for name in _COMPARED)
+
+    def add_batch(self, batch: Batch) -> None:
         if self.found is not None:
             return
-        reference = next(self.reference, None)
-        self.found = _first_draw(
-            compare_records(self.index, reference, record, self.run), self.drawn
-        )
-        self.drawn = self.drawn or (reference is not None and reference.rng is not None)
-        if self.found is not None:
-            self.reference_record = reference
-            self.tensors = [tensor.detach().clone() for tensor in outputs]
-        self.index += 1
+        reference = self.reference.take(len(batch))
+        common = len(reference)
+        position = first_difference(batch.rows[:common], reference)
+        if position is None and common < len(batch):
+            position = common
+        if position is None:
+            self.drawn = self.drawn or bool(reference["random"].any())
+            self.index += len(batch)
+            return
+        drawn = self.drawn or bool(reference["random"][:position].any())
+        expected = row_record(reference[position]) if position < common else None
+        index = batch.first + position
+        found = compare_records(index, expected, batch.record(position), self.run)
+        self.found = _first_draw(found, drawn)
+        self.reference_record = expected
+        self.index = index
+        if self.found is not None and self.found.reason == "values":
+            self.tensors = batch.tensors(position) or []
 
     def finish(self) -> Divergence | None:
         """The divergence found, including a reference that ran more ops than this run."""
         if self.found is None:
-            self.found = compare_records(self.index, next(self.reference, None), None, self.run)
+            rest = self.reference.take(1)
+            if len(rest):
+                self.found = compare_records(self.index, row_record(rest[0]), None, self.run)
         return self.found
 
 
 class Capture:
     """A sink that copies the outputs of op number ``index`` of a replay of run 1.
 
-    The copy is kept only if every op before it agreed with run 1's records
+    The copy is kept only if every op before it agreed with run 1's rows
     (``reference``), so it is what run 1's op made from the same inputs.
     """
 
-    def __init__(self, index: int, reference: Iterator[OpRecord]) -> None:
+    def __init__(self, index: int, reference: RowReader) -> None:
         self.index = index
         self.reference = reference
-        self.seen = 0
         self.agreed = True
         self.tensors: list[torch.Tensor] = []
 
-    def add(self, record: OpRecord, outputs: list[torch.Tensor]) -> None:
-        if self.seen > self.index or not self.agreed:
+    def wants(self, index: int, row: tuple[int, ...]) -> bool:
+        return index == self.index
+
+    def add_batch(self, batch: Batch) -> None:
+        if not self.agreed or batch.first > self.index:
             return
-        if self.seen == self.index:
-            self.tensors = [tensor.detach().clone() for tensor in outputs]
-        else:
-            expected = next(self.reference, None)
-            self.agreed = compare_records(self.seen, expected, record, 1) is None
-        self.seen += 1
+        before = min(len(batch), self.index - batch.first)
+        reference = self.reference.take(before)
+        if len(reference) < before or first_difference(batch.rows[:before], reference) is not None:
+            self.agreed = False
+            return
+        if before < len(batch):
+            self.tensors = batch.tensors(before) or []
 
 
 def element_difference(

@@ -7,52 +7,71 @@ carries the mode to the thread that runs the backward). It lives in
 up when recording starts and a missing one is reported as
 :class:`~detctx.MissingDependencyError` rather than a crash.
 
-For each op with tensor outputs the recorder hands an :class:`OpRecord` and
-the outputs to a sink. The outputs are what the op returned plus what it
-wrote in place (``add_``, ``_foreach_mul_`` and ``out=`` variants, whose
-output is their mutated input). Pure views (``t``, ``view``, ``detach``)
-carry no new values and are not recorded. For a random op (tagged
+Each op with tensor outputs becomes a row (:mod:`detctx._locate.batch`):
+the op, where it ran, its first output's description and a digest of its
+outputs. The outputs are what the op returned plus what it wrote in place
+(``add_``, ``_foreach_mul_`` and ``out=`` variants, whose output is their
+mutated input). Pure views (``t``, ``view``, ``detach``) carry no new
+values and are not recorded. For a random op (tagged
 ``nondeterministic_seeded``) the state of the generator it draws from is
 digested before it runs, so a stream advanced elsewhere is told apart from
 a numerical difference.
 
+Digests cost the least in bulk: the bytes of small CPU outputs are copied
+into a :class:`~detctx._locate.digest.Staging` buffer as each op runs and
+digested together when it fills; rows go to the sink a :class:`Batch` at a
+time. An output too large for the buffer, or on an accelerator, is
+digested as its op runs. A sink that may need an op's tensors (to count
+differing elements) says so through ``wants``: the recorder asks it about
+each op digested at once, and copies that op's outputs if it answers yes;
+a staged op's outputs come back from the buffer.
+
 An op of the backward pass is attributed to the forward op that made its
-autograd node: the module path and source line of each forward op are kept
-in its node's ``metadata`` and read back through
-``torch._C._current_autograd_node`` (feature-detected; without it backward
-ops carry only their node's name).
+autograd node: the place of each forward op is kept in its node's
+``metadata`` and read back through ``torch._C._current_autograd_node``
+(feature-detected; without it backward ops carry only their node's name).
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 import threading
 import weakref
 from collections.abc import Callable
 from typing import Any, Final, Protocol
 
+import numpy as np
 import torch
 
 from detctx._basics import MissingDependencyError
+from detctx._locate.batch import ROW, Batch, meta_number, site, site_number
 from detctx._locate.callsite import UNKNOWN, user_line, user_line_in_backward
-from detctx._locate.digest import digest, layout_code
+from detctx._locate.digest import STAGED, digest, layout_code
 from detctx._locate.modules import ModuleTracker
-from detctx._locate.trace import OpRecord
+from detctx._locate.ops import INFOS, OpInfo, generator_state
+from detctx._locate.staging import Staging
 
 __all__ = ["OpRecorder", "Sink", "dispatch_mode_class"]
 
 _KEY: Final = "detctx._locate"
 _MASK: Final = (1 << 128) - 1
+_WORD: Final = (1 << 64) - 1
 _PRIME: Final = 0x0000000001000000000000000000013B
 _OFFSET: Final = 0x6C62272E07BB014262B821756295C58D
+PENDING: Final = 4096
+"""Ops recorded before their rows go to the sink, at most (fewer when the buffer fills)."""
 
 
 class Sink(Protocol):
-    """Where records go: a trace file, a comparison with an earlier run, a capture."""
+    """Where rows go: a trace file, a comparison with an earlier run, a capture.
 
-    def add(self, record: OpRecord, outputs: list[torch.Tensor]) -> None: ...
+    A sink may also have ``wants(index, row) -> bool``: whether it needs the
+    tensors of op ``index`` (digested as it ran, ``row`` its :data:`ROW`
+    values), asked only for ops whose bytes are not kept in the buffer.
+    """
+
+    def add_batch(self, batch: Batch) -> None: ...
 
 
 def dispatch_mode_class() -> type[Any]:
@@ -67,114 +86,58 @@ def dispatch_mode_class() -> type[Any]:
     return TorchDispatchMode
 
 
-class _OpInfo:
-    __slots__ = ("name", "random", "skip", "written")
-
-    def __init__(self, func: Any) -> None:
-        schema = func._schema
-        overload = func._overloadname
-        self.name = schema.name if overload == "default" else f"{schema.name}.{overload}"
-        tags = getattr(func, "tags", ())
-        seeded = getattr(getattr(torch, "Tag", None), "nondeterministic_seeded", None)
-        self.random = seeded is not None and seeded in tags
-        self.written = tuple(
-            (index, argument.name)
-            for index, argument in enumerate(schema.arguments)
-            if argument.alias_info is not None and argument.alias_info.is_write
-        )
-        returns = schema.returns
-        self.skip = (
-            (
-                bool(returns)
-                and not self.written
-                and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
-            )
-            or schema.name in _UNCOMPUTED
-            or schema.name in _ALIASES
-            or schema.name in _COPIES
-            or schema.name.startswith("profiler::")
-        )
-
-
-def _generator_state(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
-    generator = kwargs.get("generator")
-    if not isinstance(generator, torch.Generator):
-        device = kwargs.get("device")
-        if device is None:
-            device = next((a.device for a in args if isinstance(a, torch.Tensor)), "cpu")
-        device = torch.device(device)
-        if device.type == "cpu":
-            generator = torch.default_generator
-        else:
-            module = getattr(torch, device.type, None)
-            generators = getattr(module, "default_generators", ())
-            if not generators:
-                return 0
-            index = device.index if device.index is not None else module.current_device()
-            if index >= len(generators):
-                return 0
-            generator = generators[index]
-    state = generator.get_state()
-    return int.from_bytes(
-        hashlib.blake2b(state.numpy().tobytes(), digest_size=8).digest(), "little"
-    )
-
-
-_UNCOMPUTED: Final = frozenset(
-    {
-        "aten::empty",
-        "aten::empty_like",
-        "aten::empty_strided",
-        "aten::empty_permuted",
-        "aten::new_empty",
-        "aten::new_empty_strided",
-        "aten::resize_",
-        "aten::set_",
-    }
-)
-"""Ops that compute nothing, skipped like views: uninitialised memory, or a tensor
-pointed at existing memory.
-
-Their outputs are whatever was in memory (the op that fills them is
-recorded), and a DataLoader's main process runs ``empty`` + ``set_`` for each
-batch as it arrives from a worker, in arrival order, which differs from run
-to run although the loader hands batches out in order. The first op that
-reads such a tensor is where its values count.
-"""
-
-_ALIASES: Final = frozenset({"aten::_unsafe_view"})
-"""Views whose schema does not say so, skipped like the others: the output is the
-input's memory under another shape.
-
-``_unsafe_view`` is the reshape that ``matmul`` and ``bmm``'s callers run on
-every product; digesting it read each product's bytes twice (a tenth of all
-bytes digested in a nanoGPT step).
-"""
-
-_COPIES: Final = frozenset({"aten::clone", "aten::select_backward", "aten::slice_backward"})
-"""Ops that only move bits, skipped like views: the output holds exactly the input's
-bits (``clone``) or those bits and zeros (the backward of ``select`` and ``slice``).
-
-Given the same input they give the same bits on every device, so a difference
-in their output is a difference in their input, which the op that made it
-shows. A tensor from outside torch (a NumPy write into its memory) counts at
-the first op that computes from it, not at a copy of it. In a nanoGPT step
-they are a sixth of the bytes a step makes (``nn.MultiheadAttention``'s
-backward runs a ``select_backward`` of three times the activations per layer).
-"""
-
-_DTYPES: dict[torch.dtype, str] = {}
-_DEVICES: dict[torch.device, str] = {}
-
-
 def _combine(outputs: list[torch.Tensor]) -> int:
-    # FNV-1a over 128-bit parts: each step is a bijection of the running value, so a
-    # change in any one output's digest always changes the result.
-    value = _OFFSET
+    """The digest of an op's outputs, each digested now (see :func:`combine_digests`)."""
+    digests = []
     for tensor in outputs:
-        bits = digest(tensor)
+        bits = _in_memory_order(tensor) if not tensor.is_contiguous() else None
         if bits is None:
-            bits = layout_code(tensor.dtype, tuple(tensor.shape))
+            bits = digest(tensor)
+        digests.append(layout_code(tensor.dtype, tuple(tensor.shape)) if bits is None else bits)
+    return combine_digests(digests)
+
+
+def _in_memory_order(tensor: torch.Tensor) -> int | None:
+    """The digest of a large, dense, permuted CPU tensor read in memory order, its strides
+    folded in; ``None`` for any other tensor.
+
+    An op's output that is a permutation of a dense block (``q * scale`` on a
+    transposed ``q`` keeps ``q``'s strides) is read where it lies: a copy into
+    logical order would cost more than the digest. Two runs that produce the
+    same bits with the same strides agree; other strides are another layout,
+    as another shape is.
+    """
+    if (
+        type(tensor) is not torch.Tensor
+        or not tensor.is_cpu
+        or tensor.layout != torch.strided
+        or tensor.is_quantized
+        or tensor.nbytes <= STAGED
+    ):
+        return None
+    strides = tensor.stride()
+    expected = 1
+    for stride, size in sorted(zip(strides, tensor.shape)):
+        if size == 1:
+            continue
+        if stride != expected:
+            return None
+        expected *= size
+    flat = tensor.detach().as_strided((tensor.numel(),), (1,))
+    bits = digest(flat)
+    if bits is None:
+        return None
+    return bits ^ layout_code(tensor.dtype, (*tensor.shape, -1, *strides))
+
+
+def combine_digests(digests: list[int]) -> int:
+    """One output's digest is the op's; several are chained with FNV-1a over 128-bit
+    parts, each step a bijection of the running value, so a change in any one output's
+    digest always changes the result."""
+    if len(digests) == 1:
+        return digests[0]
+    value = _OFFSET
+    for bits in digests:
         value = ((value ^ bits) * _PRIME) & _MASK
     return value
 
@@ -205,7 +168,7 @@ def _recording_mode() -> type[Any]:
 
 
 class _Discard:
-    def add(self, record: OpRecord, outputs: list[torch.Tensor]) -> None:
+    def add_batch(self, batch: Batch) -> None:
         return None
 
 
@@ -218,6 +181,7 @@ def _after_fork_in_child() -> None:
     # only a child forked from that thread can pop it.
     for recorder in list(_recording):
         recorder.sink = _Discard()
+        recorder.wants = None
         if recorder.thread == threading.get_ident():
             recorder.stop()
 
@@ -230,18 +194,31 @@ class OpRecorder:
 
     >>> recorder = OpRecorder(sink)   # doctest: +SKIP
     >>> recorder.start(); model(x).sum().backward(); recorder.stop()  # doctest: +SKIP
+
+    Rows reach the sink in batches; :meth:`stop` hands over the last one.
     """
 
     def __init__(self, sink: Sink) -> None:
         self.sink = sink
+        self.wants: Callable[[int, tuple[int, ...]], bool] | None = getattr(sink, "wants", None)
         self.modules = ModuleTracker()
         self._mode: Any = None
         self.thread = 0
-        self._infos: dict[Any, _OpInfo] = {}
-        self._pending: tuple[list[torch.Tensor], str, str] | None = None
+        self._pending: tuple[list[torch.Tensor], int] | None = None
         self._current_node: Callable[[], Any] | None = getattr(
             torch._C, "_current_autograd_node", None
         )
+        self._staging = Staging()
+        self.count = 0  # ops handed to the sink
+        # The rows not handed over yet, a column each.
+        self._ops: list[int] = []
+        self._sites: list[int] = []
+        self._metas: list[int] = []
+        self._rngs: list[int | None] = []
+        self._entries: list[int] = []  # the op's first tensor in the buffer, or -1
+        self._counts: list[int] = []  # how many of its tensors are in the buffer
+        self._values: dict[int, int] = {}  # position -> digest, for ops digested at once
+        self._kept: dict[int, list[torch.Tensor]] = {}  # position -> copies of outputs
 
     def start(self) -> None:
         mode_class = _recording_mode()
@@ -266,29 +243,30 @@ class OpRecorder:
         finally:
             self.modules.stop()
             self._annotate()
+            self.flush()
 
     def _annotate(self) -> None:
         pending, self._pending = self._pending, None
         if pending is None:
             return
-        outputs, module_path, source = pending
+        outputs, where = pending
         for tensor in outputs:
             node = tensor.grad_fn
             if node is not None:
                 metadata = getattr(node, "metadata", None)
                 if isinstance(metadata, dict):
-                    metadata.setdefault(_KEY, (module_path, source))
+                    metadata.setdefault(_KEY, where)
 
     def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        info = self._infos.get(func)
+        info = INFOS.get(func)
         if info is None:
-            info = self._infos[func] = _OpInfo(func)
+            info = INFOS[func] = OpInfo(func)
         if self._pending is not None:
             self._annotate()
         if info.skip:
-            return func(*args, **kwargs)
-        rng = _generator_state(func, args, kwargs) if info.random else None
-        result = func(*args, **kwargs)
+            return info.call(*args, **kwargs)
+        rng = generator_state(func, args, kwargs) if info.random else None
+        result = info.call(*args, **kwargs)
         outputs = _tensors(result)
         for index, name in info.written:
             argument = args[index] if index < len(args) else kwargs.get(name)
@@ -298,34 +276,103 @@ class OpRecorder:
         node = self._current_node() if self._current_node is not None else None
         if node is not None:
             metadata = getattr(node, "metadata", None)
-            where = metadata.get(_KEY) if isinstance(metadata, dict) else None
-            module_path, source = where if where is not None else ("", UNKNOWN)
-            source = user_line_in_backward(3) or source
-            node_name = node.name()
+            forward = metadata.get(_KEY) if isinstance(metadata, dict) else None
+            module_path, source, _ = site(forward) if forward is not None else ("", UNKNOWN, "")
+            where = site_number(module_path, user_line_in_backward(3) or source, node.name())
         else:
-            module_path, source, node_name = self.modules.current(), user_line(3), ""
+            where = site_number(self.modules.current(), user_line(3), "")
             if torch.is_grad_enabled():
-                self._pending = (outputs, module_path, source)
+                self._pending = (outputs, where)
         first = outputs[0]
-        dtype = _DTYPES.get(first.dtype)
-        if dtype is None:
-            dtype = _DTYPES[first.dtype] = str(first.dtype).removeprefix("torch.")
-        device = _DEVICES.get(first.device)
-        if device is None:
-            device = _DEVICES[first.device] = str(first.device)
-        record = OpRecord(
-            info.name,
-            module_path,
-            source,
-            node_name,
-            dtype,
-            tuple(first.shape),
-            device,
-            _combine(outputs),
-            rng,
+        self._add(
+            info.number, where, meta_number(first.dtype, first.shape, first.device), rng, outputs
         )
-        self.sink.add(record, outputs)
         return result
+
+    def _add(
+        self, op: int, where: int, meta: int, rng: int | None, outputs: list[torch.Tensor]
+    ) -> None:
+        staging = self._staging
+        entry, count = -1, 0
+        if all(_stageable(tensor) for tensor in outputs):
+            if len(self._ops) >= PENDING or not staging.room_for(outputs):
+                self.flush()
+            if staging.room_for(outputs):
+                entry = len(staging)
+                for tensor in outputs:
+                    staging.add(tensor)
+                count = len(outputs)
+        position = len(self._ops)
+        if entry < 0:
+            value = _combine(outputs)
+            self._values[position] = value
+            wants = self.wants
+            if wants is not None:
+                row = (op, where, meta, rng is not None, rng or 0, value >> 64, value & _WORD)
+                if wants(self.count + position, row):
+                    self._kept[position] = [tensor.detach().clone() for tensor in outputs]
+        self._ops.append(op)
+        self._sites.append(where)
+        self._metas.append(meta)
+        self._rngs.append(rng)
+        self._entries.append(entry)
+        self._counts.append(count)
+
+    def _tensors_of(self, position: int) -> list[torch.Tensor] | None:
+        entry = self._entries[position]
+        if entry < 0:
+            return self._kept.get(position)
+        return [self._staging.tensor(entry + k) for k in range(self._counts[position])]
+
+    def flush(self) -> None:
+        """Hand the rows recorded so far to the sink, their digests computed."""
+        count = len(self._ops)
+        if not count:
+            return
+        rows = np.zeros(count, dtype=ROW)
+        rows["op"] = self._ops
+        rows["site"] = self._sites
+        rows["meta"] = self._metas
+        rows["random"] = [rng is not None for rng in self._rngs]
+        rows["rng"] = [rng or 0 for rng in self._rngs]
+        high, low = self._staging.digests()
+        entries = np.array(self._entries, dtype=np.int64)
+        counts = np.array(self._counts, dtype=np.int64)
+        single = counts == 1
+        rows["high"][single] = high[entries[single]]
+        rows["low"][single] = low[entries[single]]
+        for position in np.flatnonzero(~single).tolist():
+            value = self._values.get(position)
+            if value is None:
+                entry = self._entries[position]
+                value = combine_digests(
+                    [
+                        (int(high[k]) << 64) | int(low[k])
+                        for k in range(entry, entry + self._counts[position])
+                    ]
+                )
+            rows["high"][position] = value >> 64
+            rows["low"][position] = value & _WORD
+        try:
+            self.sink.add_batch(Batch(self.count, rows, self._tensors_of))
+        finally:
+            self.count += count
+            for column in (self._ops, self._sites, self._metas, self._rngs, self._entries):
+                column.clear()
+            self._counts.clear()
+            self._values.clear()
+            self._kept.clear()
+            self._staging.clear()
+
+
+def _stageable(tensor: torch.Tensor) -> bool:
+    return (
+        (type(tensor) is torch.Tensor or isinstance(tensor, torch.nn.Parameter))
+        and tensor.is_cpu
+        and tensor.layout == torch.strided
+        and not tensor.is_quantized
+        and tensor.nbytes <= STAGED
+    )
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:

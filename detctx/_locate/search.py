@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from detctx._basics import DEFAULT_SEED, as_integer, resolve_seed, validate_seed
 from detctx._blocks import deterministic
+from detctx._locate.batch import RowReader, RowWriter
 from detctx._locate.divergence import Capture, Divergence, OpComparison, element_difference
-from detctx._locate.trace import TraceWriter, read_trace
 
 if TYPE_CHECKING:
     from detctx._locate.recorder import Sink
@@ -51,7 +51,7 @@ def locate_divergence(
     name, the innermost ``nn.Module`` running, the user's source line, and a
     bit-exact digest of its outputs (see ``detctx/_locate/digest.py``). Run 1's
     records are streamed to a temporary file; each later run is compared
-    with them op by op as it runs. Returns ``None`` when every run agrees
+    with them op by op as it runs, a batch of ops at a time. Returns ``None`` when every run agrees
     with run 1, else a :class:`Divergence` for the first run that parts from
     it. When the differing op's values differ, run 1 is replayed once more
     to count the differing elements (used only if the replay agrees with
@@ -81,14 +81,14 @@ def locate_divergence(
 
     dispatch_mode_class()
     with tempfile.TemporaryDirectory(prefix="detctx-locate-") as folder:
-        path = Path(folder) / "run1.trace"
-        writer = TraceWriter(path)
+        path = Path(folder) / "run1.rows"
+        writer = RowWriter(path)
         try:
             _recorded(block, writer, fn, args, kwargs)
         finally:
             writer.close()
         for run in range(2, runs + 1):
-            reference = read_trace(path)
+            reference = RowReader(path, writer.count)
             comparison = OpComparison(reference, run)
             try:
                 _recorded(block, comparison, fn, args, kwargs)
@@ -99,7 +99,7 @@ def locate_divergence(
                 continue
             if found.reason != "values" or comparison.reference_record is None:
                 return found
-            reference = read_trace(path)
+            reference = RowReader(path, writer.count)
             replay = Capture(found.index, reference)
             try:
                 _recorded(block, replay, fn, args, kwargs)

@@ -18,7 +18,7 @@ import re
 import struct
 from collections.abc import Generator
 from pathlib import Path
-from typing import BinaryIO, Final, NamedTuple
+from typing import BinaryIO, Final, NamedTuple, Protocol
 
 from detctx._basics import TraceError
 
@@ -62,6 +62,27 @@ class OpRecord(NamedTuple):
 
     def meta(self) -> str:
         return f"{self.dtype}|{','.join(map(str, self.shape))}|{self.device}"
+
+    @classmethod
+    def of(
+        cls,
+        op: str,
+        where: tuple[str, str, str],
+        meta: tuple[str, tuple[int, ...], str],
+        high: int,
+        low: int,
+        rng: int,
+        random: bool,
+    ) -> OpRecord:
+        """A record from its parts: the place (module path, source, node), the output
+        description (dtype, shape, device), the digest's halves and the generator state."""
+        return cls(op, *where, *meta, (high << 64) | low, rng if random else None)
+
+
+class _Records(Protocol):
+    """A recorder's batch, as a trace sees it."""
+
+    def records(self) -> list[OpRecord]: ...
 
 
 class TraceWriter:
@@ -119,6 +140,11 @@ class TraceWriter:
         self.count += 1
         if len(self._buffer) >= BUFFER_BYTES:
             self._flush()
+
+    def add_batch(self, batch: _Records) -> None:
+        """Append a recorder's batch of rows (see :mod:`detctx._locate.batch`)."""
+        for record in batch.records():
+            self.add(record)
 
     def _flush(self) -> None:
         if os.getpid() != self._pid:
@@ -201,18 +227,9 @@ def read_trace(path: Path) -> Generator[OpRecord, None, None]:
                     raise reader.fail("an op record refers to an unknown string or flag")
                 if ids[4] not in metas:
                     metas[ids[4]] = _parse_meta(reader, strings[ids[4]])
-                dtype, shape, device = metas[ids[4]]
-                op, module_path, source, node = (strings[i] for i in ids[:4])
-                yield OpRecord(
-                    op,
-                    module_path,
-                    source,
-                    node,
-                    dtype,
-                    shape,
-                    device,
-                    low | high << 64,
-                    rng if flags & _RANDOM else None,
+                names = tuple(strings[i] for i in ids[1:4])
+                yield OpRecord.of(
+                    strings[ids[0]], names, metas[ids[4]], high, low, rng, bool(flags & _RANDOM)
                 )
                 count += 1
             elif tag == b"E":

@@ -1,0 +1,179 @@
+"""Many small CPU tensors digested together, to the same digests as one at a time.
+
+A recorder digests thousands of small tensors a second; one at a time,
+NumPy's per-call cost, not the bytes, is what counts. :class:`Staging`
+copies each tensor's bytes into a buffer as its op runs and digests every
+tensor in it with one matrix product and a few vectorised sums when it is
+asked to (see :mod:`detctx._locate.digest` for the digest itself).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from detctx._locate.digest import (
+    COLUMNS,
+    NUMPY_DTYPES,
+    ROW_BYTES,
+    SMALL,
+    STAGED,
+    STREAM_A,
+    STREAM_C,
+    int_matmul,
+    layout_halves,
+    numpy_stream,
+    stage_weights,
+    tensor_bytes,
+)
+
+__all__ = ["Staging", "host_bytes"]
+
+
+def host_bytes(tensor: torch.Tensor) -> np.ndarray:
+    """A CPU tensor's elements in logical order as a 1-D uint8 array (a copy only if needed)."""
+    if tensor.dtype in NUMPY_DTYPES:
+        array = tensor.numpy(force=True)
+        if not array.flags.c_contiguous:
+            array = np.ascontiguousarray(array)
+        flat: np.ndarray = array.reshape(-1).view(np.uint8)
+        return flat
+    return tensor_bytes(tensor).numpy()
+
+
+def _segment_sums(
+    words: np.ndarray, starts: np.ndarray, lengths: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(S_A, S_B)`` of each segment of ``words`` (uint64), every segment's streams from 0."""
+    first = np.zeros(len(starts), dtype=np.uint64)
+    second = np.zeros(len(starts), dtype=np.uint64)
+    if not len(words):
+        return first, second
+    used = lengths > 0
+    offsets = np.arange(len(words)) - np.repeat(starts, lengths)
+    kept = starts[used]
+    # uint64 products and sums wrap modulo 2**64, as in _host_sums.
+    first[used] = np.add.reduceat(words * numpy_stream(STREAM_A)[offsets], kept)
+    second[used] = np.add.reduceat(words.byteswap() * numpy_stream(STREAM_C)[offsets], kept)
+    return first, second
+
+
+class Staging:
+    """Many small CPU tensors' digests, computed together.
+
+    :meth:`add` copies a tensor's bytes in (at most :data:`STAGED` of them):
+    one of at most :data:`SMALL` bytes into a buffer of words, a larger one
+    into a buffer of :data:`ROW_BYTES` rows, padded to whole rows.
+    :meth:`digests` then reduces every row with one matrix product and sums
+    every tensor with a few vectorised calls; each digest equals
+    :func:`digest` of that tensor. Nothing is kept of the tensors
+    themselves: their bytes are copied when they are added, so a tensor
+    written to afterwards does not change its digest.
+    """
+
+    def __init__(self, capacity: int = 1 << 22) -> None:
+        if capacity % ROW_BYTES or capacity < STAGED:
+            raise ValueError(f"capacity must be a multiple of {ROW_BYTES} and at least {STAGED}")
+        self.capacity = capacity
+        self._rows = np.zeros(capacity, dtype=np.uint8)
+        self._words = np.zeros(capacity // 8, dtype=np.uint8)
+        self._rows_used = 0
+        self._words_used = 0
+        # Per tensor: whether it went to the rows, where it starts, its size in bytes,
+        # its dtype and shape (to give it back), and its layout code.
+        self._in_rows: list[bool] = []
+        self._starts: list[int] = []
+        self._sizes: list[int] = []
+        self._layouts: list[tuple[torch.dtype, tuple[int, ...]]] = []
+        self._high: list[int] = []
+        self._low: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self._starts)
+
+    def room_for(self, tensors: list[torch.Tensor]) -> bool:
+        """Whether ``tensors`` (each of at most :data:`STAGED` bytes) all fit now."""
+        words, rows = self._words_used, self._rows_used
+        for tensor in tensors:
+            size = tensor.nbytes
+            if size <= SMALL:
+                words += -(-size // 8) * 8
+            else:
+                rows += -(-size // ROW_BYTES) * ROW_BYTES
+        return words <= len(self._words) and rows <= self.capacity
+
+    def add(self, tensor: torch.Tensor) -> int:
+        """Copy ``tensor``'s bytes in (check :meth:`room` first); its number."""
+        data = host_bytes(tensor)
+        size = data.size
+        if size <= SMALL:
+            buffer, start = self._words, self._words_used
+            end = start + (size + 7) // 8 * 8
+            self._words_used = end
+        else:
+            buffer, start = self._rows, self._rows_used
+            end = start + (size + ROW_BYTES - 1) // ROW_BYTES * ROW_BYTES
+            self._rows_used = end
+        buffer[start : start + size] = data
+        if end > start + size:
+            buffer[start + size : end] = 0
+        self._in_rows.append(size > SMALL)
+        self._starts.append(start)
+        self._sizes.append(size)
+        dtype, shape = tensor.dtype, tensor.shape
+        self._layouts.append((dtype, shape))
+        high, low = layout_halves(dtype, shape)
+        self._high.append(high)
+        self._low.append(low)
+        return len(self._starts) - 1
+
+    def tensor(self, number: int) -> torch.Tensor:
+        """A copy of tensor ``number`` as it was added."""
+        start, size = self._starts[number], self._sizes[number]
+        buffer = self._rows if self._in_rows[number] else self._words
+        dtype, shape = self._layouts[number]
+        if not size:
+            return torch.empty(shape, dtype=dtype)
+        data = torch.from_numpy(buffer[start : start + size].copy())
+        return data.view(dtype).reshape(shape)
+
+    def digests(self) -> tuple[np.ndarray, np.ndarray]:
+        """The digest of every tensor added, in order, as its high and low 64 bits
+        (uint64 arrays; see :func:`digest`)."""
+        count = len(self._starts)
+        in_rows = np.array(self._in_rows, dtype=bool)
+        starts = np.array(self._starts, dtype=np.int64)
+        sizes = np.array(self._sizes, dtype=np.int64)
+        first = np.zeros(count, dtype=np.uint64)
+        second = np.zeros(count, dtype=np.uint64)
+        direct = ~in_rows
+        if direct.any():
+            # Each tensor's words lie back to back in order, so a tensor's length runs
+            # to the next one's start.
+            words = self._words[: self._words_used].view(np.uint64)
+            begin = starts[direct] // 8
+            length = np.diff(begin, append=len(words))
+            first[direct], second[direct] = _segment_sums(words, begin, length)
+        if in_rows.any():
+            rows = self._rows_used // ROW_BYTES
+            matrix = torch.from_numpy(self._rows[: self._rows_used]).view(torch.int8)
+            product = int_matmul(matrix.view(rows, ROW_BYTES), stage_weights(0, matrix.device))
+            # One row of the product (COLUMNS int32 sums) is four words.
+            words = product.numpy().reshape(-1).view(np.uint64)
+            per_row = 4 * COLUMNS // 8
+            begin = starts[in_rows] // ROW_BYTES * per_row
+            length = (sizes[in_rows] + ROW_BYTES - 1) // ROW_BYTES * per_row
+            first[in_rows], second[in_rows] = _segment_sums(words, begin, length)
+        first ^= np.array(self._high, dtype=np.uint64)
+        second ^= np.array(self._low, dtype=np.uint64)
+        return first, second
+
+    def clear(self) -> None:
+        """Forget every tensor added (the buffers are kept for the next ones)."""
+        self._rows_used = self._words_used = 0
+        self._in_rows.clear()
+        self._starts.clear()
+        self._sizes.clear()
+        self._layouts.clear()
+        self._high.clear()
+        self._low.clear()
