@@ -50,7 +50,7 @@ from detctx._locate.callsite import UNKNOWN, user_line, user_line_in_backward
 from detctx._locate.digest import STAGED, digest, layout_code
 from detctx._locate.modules import ModuleTracker
 from detctx._locate.ops import INFOS, OpInfo, generator_state
-from detctx._locate.staging import Staging
+from detctx._locate.staging import Staging, borrow, give_back
 
 __all__ = ["OpRecorder", "Sink", "dispatch_mode_class"]
 
@@ -208,7 +208,7 @@ class OpRecorder:
         self._current_node: Callable[[], Any] | None = getattr(
             torch._C, "_current_autograd_node", None
         )
-        self._staging = Staging()
+        self._staging: Staging | None = None
         self.count = 0  # ops handed to the sink
         # The rows not handed over yet, a column each.
         self._ops: list[int] = []
@@ -222,6 +222,8 @@ class OpRecorder:
 
     def start(self) -> None:
         mode_class = _recording_mode()
+        if self._staging is None:
+            self._staging = borrow()
         self.modules.start()
         try:
             self._mode = mode_class(self)
@@ -243,7 +245,12 @@ class OpRecorder:
         finally:
             self.modules.stop()
             self._annotate()
-            self.flush()
+            try:
+                self.flush()
+            finally:
+                if self._staging is not None:
+                    give_back(self._staging)
+                    self._staging = None
 
     def _annotate(self) -> None:
         pending, self._pending = self._pending, None
@@ -292,12 +299,16 @@ class OpRecorder:
     def _add(
         self, op: int, where: int, meta: int, rng: int | None, outputs: list[torch.Tensor]
     ) -> None:
+        if len(self._ops) >= PENDING:
+            self.flush()
         staging = self._staging
         entry, count = -1, 0
-        if all(_stageable(tensor) for tensor in outputs):
-            if len(self._ops) >= PENDING or not staging.room_for(outputs):
+        if staging is not None and all(_stageable(tensor) for tensor in outputs):
+            fits = staging.room_for(outputs)
+            if not fits and self._ops:
                 self.flush()
-            if staging.room_for(outputs):
+                fits = staging.room_for(outputs)
+            if fits:
                 entry = len(staging)
                 for tensor in outputs:
                     staging.add(tensor)
@@ -319,10 +330,10 @@ class OpRecorder:
         self._counts.append(count)
 
     def _tensors_of(self, position: int) -> list[torch.Tensor] | None:
-        entry = self._entries[position]
-        if entry < 0:
+        entry, staging = self._entries[position], self._staging
+        if entry < 0 or staging is None:
             return self._kept.get(position)
-        return [self._staging.tensor(entry + k) for k in range(self._counts[position])]
+        return [staging.tensor(entry + k) for k in range(self._counts[position])]
 
     def flush(self) -> None:
         """Hand the rows recorded so far to the sink, their digests computed."""
@@ -335,7 +346,9 @@ class OpRecorder:
         rows["meta"] = self._metas
         rows["random"] = [rng is not None for rng in self._rngs]
         rows["rng"] = [rng or 0 for rng in self._rngs]
-        high, low = self._staging.digests()
+        staging = self._staging
+        empty = np.zeros(0, dtype=np.uint64)
+        high, low = staging.digests() if staging is not None else (empty, empty)
         entries = np.array(self._entries, dtype=np.int64)
         counts = np.array(self._counts, dtype=np.int64)
         single = counts == 1
@@ -362,7 +375,8 @@ class OpRecorder:
             self._counts.clear()
             self._values.clear()
             self._kept.clear()
-            self._staging.clear()
+            if staging is not None:
+                staging.clear()
 
 
 def _stageable(tensor: torch.Tensor) -> bool:

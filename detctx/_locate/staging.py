@@ -9,6 +9,9 @@ asked to (see :mod:`detctx._locate.digest` for the digest itself).
 
 from __future__ import annotations
 
+import threading
+from typing import Final
+
 import numpy as np
 import torch
 
@@ -27,7 +30,10 @@ from detctx._locate.digest import (
     tensor_bytes,
 )
 
-__all__ = ["Staging", "host_bytes"]
+__all__ = ["CAPACITY", "Staging", "borrow", "give_back", "host_bytes"]
+
+CAPACITY: Final = 1 << 22
+"""Bytes of rows a recorder's buffer holds (plus an eighth of that for small tensors)."""
 
 
 def host_bytes(tensor: torch.Tensor) -> np.ndarray:
@@ -71,7 +77,7 @@ class Staging:
     written to afterwards does not change its digest.
     """
 
-    def __init__(self, capacity: int = 1 << 22) -> None:
+    def __init__(self, capacity: int = CAPACITY) -> None:
         if capacity % ROW_BYTES or capacity < STAGED:
             raise ValueError(f"capacity must be a multiple of {ROW_BYTES} and at least {STAGED}")
         self.capacity = capacity
@@ -177,3 +183,30 @@ class Staging:
         self._layouts.clear()
         self._high.clear()
         self._low.clear()
+
+
+_pool: list[Staging] = []
+_pool_lock = threading.Lock()
+
+
+def borrow() -> Staging:
+    """An empty buffer of :data:`CAPACITY` bytes, one used before if there is one.
+
+    Memory touched for the first time costs a page fault per 4 KiB, which in a
+    virtual machine can cost more than the bytes' digest: one recording after
+    another reuses the same pages.
+    """
+    with _pool_lock:
+        if _pool:
+            return _pool.pop()
+    return Staging()
+
+
+def give_back(staging: Staging) -> None:
+    """Return a buffer from :func:`borrow` (emptied; at most two are kept)."""
+    staging.clear()
+    if staging.capacity != CAPACITY:
+        return
+    with _pool_lock:
+        if len(_pool) < 2:
+            _pool.append(staging)
