@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from detctx._locate.digest import SMALL, STAGED, digest
+from detctx._locate.digest import ROW_BYTES, SMALL, STAGED, SUMMED, digest, whole_rows_digest
 from detctx._locate.staging import Staging
 
 WORDS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64, 16: torch.int64}
@@ -309,3 +309,22 @@ def test_a_staging_buffer_says_when_a_tensor_no_longer_fits():
     assert staging.room_for([torch.zeros(SMALL, dtype=torch.uint8)])
     with pytest.raises(ValueError, match="multiple of"):
         Staging(capacity=STAGED + 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.uint8])
+def test_the_whole_rows_shortcut_gives_the_digest_or_declines(dtype: torch.dtype):
+    generator = torch.Generator().manual_seed(12)
+    for size in (ROW_BYTES, 3 * ROW_BYTES, 64 * ROW_BYTES, SUMMED // 32 * ROW_BYTES):
+        count = size // torch.empty(0, dtype=dtype).element_size()
+        tensor = torch.randint(0, 100, (count,), generator=generator).to(dtype)
+        assert whole_rows_digest(tensor) == digest(tensor)
+        assert whole_rows_digest(tensor.reshape(-1, 8)) == digest(tensor.reshape(-1, 8))
+    assert whole_rows_digest(torch.zeros(ROW_BYTES + 4, dtype=torch.uint8)) is None
+    assert whole_rows_digest(torch.zeros(64, ROW_BYTES, dtype=torch.uint8).t()) is None
+    assert whole_rows_digest(torch.zeros(SMALL, dtype=torch.uint8)) is None
+    assert (
+        whole_rows_digest(torch.zeros(SUMMED // 32 * ROW_BYTES + ROW_BYTES, dtype=torch.uint8))
+        is None
+    )
+    values = torch.randn(ROW_BYTES, dtype=torch.complex64, generator=generator)
+    assert whole_rows_digest(values.conj()) is None

@@ -64,9 +64,14 @@ def _show(filename: str) -> str:
 def user_line(skip: int = 1) -> str:
     """``file:line`` of the innermost caller outside torch and detctx, or ``<unknown>``."""
     frame: FrameType | None = sys._getframe(skip)
+    internal = _internal
     while frame is not None:
-        if not _is_internal(frame.f_code):
-            return f"{_show(frame.f_code.co_filename)}:{frame.f_lineno}"
+        code = frame.f_code
+        known = internal.get(code)
+        if known is None:
+            known = _is_internal(code)
+        if not known:
+            return f"{_show(code.co_filename)}:{frame.f_lineno}"
         frame = frame.f_back
     return UNKNOWN
 

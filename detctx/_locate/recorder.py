@@ -47,7 +47,7 @@ import torch
 from detctx._basics import MissingDependencyError
 from detctx._locate.batch import ROW, Batch, meta_number, site, site_number
 from detctx._locate.callsite import UNKNOWN, user_line, user_line_in_backward
-from detctx._locate.digest import STAGED, digest, layout_code
+from detctx._locate.digest import STAGED, digest, layout_code, whole_rows_digest
 from detctx._locate.modules import ModuleTracker
 from detctx._locate.ops import INFOS, OpInfo, generator_state
 from detctx._locate.staging import Staging, borrow, give_back
@@ -90,7 +90,12 @@ def _combine(outputs: list[torch.Tensor]) -> int:
     """The digest of an op's outputs, each digested now (see :func:`combine_digests`)."""
     digests = []
     for tensor in outputs:
-        bits = _in_memory_order(tensor) if not tensor.is_contiguous() else None
+        bits = None
+        if type(tensor) is torch.Tensor and tensor.layout == torch.strided:
+            if tensor.is_contiguous():
+                bits = whole_rows_digest(tensor)
+            else:
+                bits = _in_memory_order(tensor)
         if bits is None:
             bits = digest(tensor)
         digests.append(layout_code(tensor.dtype, tuple(tensor.shape)) if bits is None else bits)
@@ -274,7 +279,7 @@ class OpRecorder:
             return info.call(*args, **kwargs)
         rng = generator_state(func, args, kwargs) if info.random else None
         result = info.call(*args, **kwargs)
-        outputs = _tensors(result)
+        outputs = [result] if type(result) is torch.Tensor else _tensors(result)
         for index, name in info.written:
             argument = args[index] if index < len(args) else kwargs.get(name)
             outputs.extend(t for t in _tensors(argument) if not any(t is o for o in outputs))
@@ -303,7 +308,11 @@ class OpRecorder:
             self.flush()
         staging = self._staging
         entry, count = -1, 0
-        if staging is not None and all(_stageable(tensor) for tensor in outputs):
+        if staging is not None and (
+            _stageable(outputs[0])
+            if len(outputs) == 1
+            else all(_stageable(tensor) for tensor in outputs)
+        ):
             fits = staging.room_for(outputs)
             if not fits and self._ops:
                 self.flush()
