@@ -127,14 +127,14 @@ def test_a_large_permuted_output_is_read_in_memory_order_and_still_compared_exac
     monkeypatch: pytest.MonkeyPatch,
 ):
     read: list[bool] = []
-    real = recorder_module._in_memory_order
+    real = recorder_module.memory_order_digest
 
     def counted(tensor: torch.Tensor) -> int | None:
         found = real(tensor)
         read.append(found is not None)
         return found
 
-    monkeypatch.setattr(recorder_module, "_in_memory_order", counted)
+    monkeypatch.setattr(recorder_module, "memory_order_digest", counted)
     calls: list[int] = []
 
     def step(change: bool) -> None:

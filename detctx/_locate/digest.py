@@ -76,6 +76,7 @@ __all__ = [
     "int_matmul",
     "layout_code",
     "layout_halves",
+    "memory_order_digest",
     "numpy_stream",
     "stage_weights",
     "tensor_bytes",
@@ -279,6 +280,39 @@ def whole_rows_digest(tensor: torch.Tensor) -> int | None:
     first = int(np.dot(words, numpy_stream(STREAM_A)[:count]))
     second = int(np.dot(words.byteswap(), numpy_stream(STREAM_C)[:count]))
     return ((first << 64) | second) ^ layout_code(tensor.dtype, tuple(tensor.shape))
+
+
+def memory_order_digest(tensor: torch.Tensor) -> int | None:
+    """The digest of a large, dense, permuted CPU tensor read in memory order, its strides
+    folded in; ``None`` for any other tensor.
+
+    An op's output that is a permutation of a dense block (``q * scale`` on a
+    transposed ``q`` keeps ``q``'s strides) is read where it lies: a copy into
+    logical order would cost more than the digest. Two runs that produce the
+    same bits with the same strides agree; other strides are another layout,
+    as another shape is.
+    """
+    if (
+        type(tensor) is not torch.Tensor
+        or not tensor.is_cpu
+        or tensor.layout != torch.strided
+        or tensor.is_quantized
+        or tensor.nbytes <= STAGED
+    ):
+        return None
+    strides = tensor.stride()
+    expected = 1
+    for stride, size in sorted(zip(strides, tensor.shape)):
+        if size == 1:
+            continue
+        if stride != expected:
+            return None
+        expected *= size
+    flat = tensor.detach().as_strided((tensor.numel(),), (1,))
+    bits = digest(flat)
+    if bits is None:
+        return None
+    return bits ^ layout_code(tensor.dtype, (*tensor.shape, -1, *strides))
 
 
 def _device_sums(data: torch.Tensor) -> tuple[int, int]:

@@ -47,7 +47,13 @@ import torch
 from detctx._basics import MissingDependencyError
 from detctx._locate.batch import ROW, Batch, meta_number, site, site_number
 from detctx._locate.callsite import UNKNOWN, user_line, user_line_in_backward
-from detctx._locate.digest import STAGED, digest, layout_code, whole_rows_digest
+from detctx._locate.digest import (
+    STAGED,
+    digest,
+    layout_code,
+    memory_order_digest,
+    whole_rows_digest,
+)
 from detctx._locate.modules import ModuleTracker
 from detctx._locate.ops import INFOS, OpInfo, generator_state
 from detctx._locate.staging import Staging, borrow, give_back
@@ -95,44 +101,11 @@ def _combine(outputs: list[torch.Tensor]) -> int:
             if tensor.is_contiguous():
                 bits = whole_rows_digest(tensor)
             else:
-                bits = _in_memory_order(tensor)
+                bits = memory_order_digest(tensor)
         if bits is None:
             bits = digest(tensor)
         digests.append(layout_code(tensor.dtype, tuple(tensor.shape)) if bits is None else bits)
     return combine_digests(digests)
-
-
-def _in_memory_order(tensor: torch.Tensor) -> int | None:
-    """The digest of a large, dense, permuted CPU tensor read in memory order, its strides
-    folded in; ``None`` for any other tensor.
-
-    An op's output that is a permutation of a dense block (``q * scale`` on a
-    transposed ``q`` keeps ``q``'s strides) is read where it lies: a copy into
-    logical order would cost more than the digest. Two runs that produce the
-    same bits with the same strides agree; other strides are another layout,
-    as another shape is.
-    """
-    if (
-        type(tensor) is not torch.Tensor
-        or not tensor.is_cpu
-        or tensor.layout != torch.strided
-        or tensor.is_quantized
-        or tensor.nbytes <= STAGED
-    ):
-        return None
-    strides = tensor.stride()
-    expected = 1
-    for stride, size in sorted(zip(strides, tensor.shape)):
-        if size == 1:
-            continue
-        if stride != expected:
-            return None
-        expected *= size
-    flat = tensor.detach().as_strided((tensor.numel(),), (1,))
-    bits = digest(flat)
-    if bits is None:
-        return None
-    return bits ^ layout_code(tensor.dtype, (*tensor.shape, -1, *strides))
 
 
 def combine_digests(digests: list[int]) -> int:
