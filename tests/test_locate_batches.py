@@ -157,3 +157,21 @@ def test_a_large_permuted_output_is_read_in_memory_order_and_still_compared_exac
 def test_agreeing_runs_of_a_step_with_large_and_small_outputs_report_none():
     assert detctx.locate_divergence(step, 512, seed=5) is None
     assert detctx.locate_divergence(step, 8, seed=5) is None
+
+
+def test_a_divergence_in_one_output_of_many_names_that_output_and_its_shape():
+    calls: list[int] = []
+
+    def step() -> None:
+        calls.append(1)
+        tensors = [torch.randn(8) for _ in range(5)] + [torch.randn(3, 300)]
+        if len(calls) % 2 == 0:
+            tensors[-1].numpy()[2, 7] += 1.0
+        torch._foreach_mul_(tensors, 2.0)  # six outputs; the last one differs
+
+    found = detctx.locate_divergence(step, seed=3)
+
+    assert found is not None and found.op == "aten::_foreach_mul_.Scalar"
+    assert (found.output, found.outputs, found.shape) == (5, 6, (3, 300))
+    assert (found.mismatched, found.total) == (1, 900)
+    assert "float32 output 6 of 6, of shape (3, 300), on cpu differs: 1 of 900" in str(found)

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, replace
 from itertools import zip_longest
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -25,6 +26,7 @@ from detctx._locate.trace import OpRecord, read_trace
 __all__ = [
     "Capture",
     "Divergence",
+    "ElementDifference",
     "OpComparison",
     "compare_records",
     "compare_traces",
@@ -42,8 +44,11 @@ class Divergence:
     user's ``file:line`` that issued it (for a backward op, the line of the
     forward op it differentiates), ``node`` the autograd node for a backward
     op (``""`` in the forward pass). ``shape``, ``dtype`` and ``device``
-    describe its first output. ``reason`` is ``"values"`` (same op, different
-    bits), ``"rng"`` (a random op whose generator state already differed),
+    describe its first output, or, once the differing elements are counted,
+    the output they were counted in: ``output`` (0-based) of the op's
+    ``outputs`` (a ``_foreach_`` op has one per tensor). ``reason`` is
+    ``"values"`` (same op, different bits), ``"rng"`` (a random op whose
+    generator state already differed),
     ``"op"`` (the runs ran different ops here) or ``"ended"`` (one run ran
     out of ops). ``mismatched``, ``total`` and ``max_abs_diff`` are filled
     in for ``"values"`` when the tensors are at hand: run ``run``'s are kept
@@ -68,6 +73,8 @@ class Divergence:
     total: int | None = None
     max_abs_diff: float | None = None
     first_draw: bool = False
+    output: int = 0
+    outputs: int = 1
 
     def where(self) -> str:
         module = f"in module {self.module_path}" if self.module_path else "at top level"
@@ -77,6 +84,11 @@ class Divergence:
     def __str__(self) -> str:
         head = f"Run {self.run} parted from run 1 at op {self.index}"
         output = f"{self.dtype} output of shape {self.shape} on {self.device}"
+        if self.outputs > 1:
+            output = (
+                f"{self.dtype} output {self.output + 1} of {self.outputs}, of shape "
+                f"{self.shape}, on {self.device}"
+            )
         if self.reason == "rng" and self.first_draw:
             causes = "; ".join(
                 f"({number}) {cause}" for number, cause in enumerate(CAUSES_OF_A_DIFFERENT_START, 1)
@@ -256,11 +268,24 @@ class Capture:
             self.tensors = batch.tensors(before) or []
 
 
+class ElementDifference(NamedTuple):
+    """How the first pair of outputs whose bits differ differs: which output (of how many),
+    its dtype and shape, and its elements."""
+
+    output: int
+    outputs: int
+    dtype: str
+    shape: tuple[int, ...]
+    mismatched: int
+    total: int
+    max_abs_diff: float | None
+
+
 def element_difference(
     first: list[torch.Tensor], second: list[torch.Tensor]
-) -> tuple[int, int, float | None] | None:
-    """``(mismatched, total, max_abs_diff)`` for the first output pair whose bits differ."""
-    for a, b in zip(first, second):
+) -> ElementDifference | None:
+    """The first output pair whose bits differ, and how (``None`` if none does)."""
+    for position, (a, b) in enumerate(zip(first, second)):
         if a.dtype != b.dtype or a.shape != b.shape:
             continue
         size = a.element_size()
@@ -271,12 +296,16 @@ def element_difference(
         mismatched = int(differs.sum().item())
         if mismatched == 0:
             continue
-        if a.dtype == torch.bool:
-            return mismatched, a.numel(), None
-        wide = torch.complex128 if a.is_complex() else torch.float64
-        gaps = (a.reshape(-1)[differs].to(wide) - b.reshape(-1)[differs].to(wide)).abs()
-        largest = float(gaps.max().item())
-        return mismatched, a.numel(), math.nan if math.isnan(largest) else largest
+        largest: float | None = None
+        if a.dtype != torch.bool:
+            wide = torch.complex128 if a.is_complex() else torch.float64
+            gaps = (a.reshape(-1)[differs].to(wide) - b.reshape(-1)[differs].to(wide)).abs()
+            largest = float(gaps.max().item())
+            largest = math.nan if math.isnan(largest) else largest
+        dtype = str(a.dtype).removeprefix("torch.")
+        return ElementDifference(
+            position, len(first), dtype, tuple(a.shape), mismatched, a.numel(), largest
+        )
     return None
 
 

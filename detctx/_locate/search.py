@@ -107,9 +107,17 @@ def locate_divergence(
                 reference.close()
             if not replay.agreed:
                 return found
-            counts = element_difference(replay.tensors, comparison.tensors)
-            if counts is None:
+            differs = element_difference(replay.tensors, comparison.tensors)
+            if differs is None:
                 return found
-            mismatched, total, largest = counts
-            return replace(found, mismatched=mismatched, total=total, max_abs_diff=largest)
+            return replace(
+                found,
+                output=differs.output,
+                outputs=differs.outputs,
+                dtype=differs.dtype,
+                shape=differs.shape,
+                mismatched=differs.mismatched,
+                total=differs.total,
+                max_abs_diff=differs.max_abs_diff,
+            )
     return None
