@@ -48,6 +48,8 @@ ROW: Final = np.dtype(
 """One op: its numbers, whether it drew random numbers (and the generator's state
 digest before it did), and the 128-bit digest of its outputs in two halves."""
 
+READ_AHEAD: Final = 1024
+"""Rows a :class:`RowReader` reads from its file at a time, at least."""
 _NAMES: Final = ("op", "site", "meta", "random", "rng", "high", "low")
 _lock = threading.Lock()
 
@@ -198,13 +200,15 @@ class RowReader:
         self._position = 0  # the number of the first row in _ahead
 
     def _read(self, upto: int) -> None:
-        """Have rows up to (not including) ``upto`` in memory, or every row left."""
+        """Have rows up to (not including) ``upto`` in memory, or every row left; rows are
+        read :data:`READ_AHEAD` at a time at least (a peek per op would read one)."""
         upto = min(upto, self.count)
         missing = upto - (self._position + len(self._ahead))
         if missing <= 0 or self._file is None:
             return
-        data = self._file.read(missing * ROW.itemsize)
-        if len(data) != missing * ROW.itemsize:
+        wanted = min(max(missing, READ_AHEAD), self.count - self._position - len(self._ahead))
+        data = self._file.read(wanted * ROW.itemsize)
+        if len(data) != wanted * ROW.itemsize:
             raise TraceError(
                 f"the rows file {self.path} is shorter than the {self.count} rows written"
             )
