@@ -106,7 +106,11 @@ def meta_number(dtype: torch.dtype, shape: tuple[int, ...], device: torch.device
 
 
 def _record(row: np.void) -> OpRecord:
-    op, where, meta, random, rng, high, low = (int(row[name]) for name in _NAMES)
+    return _record_of(tuple(int(row[name]) for name in _NAMES))
+
+
+def _record_of(values: tuple[int, ...]) -> OpRecord:
+    op, where, meta, random, rng, high, low = values
     tables = ((op, _ops), (where, _sites), (meta, _metas))
     if not all(0 <= number < len(table.values) for number, table in tables):
         raise TraceError(f"a recorded op refers to an unknown number ({op}, {where}, {meta})")
@@ -142,7 +146,7 @@ class Batch:
         return _record(self.rows[position])
 
     def records(self) -> list[OpRecord]:
-        return [_record(row) for row in self.rows]
+        return [_record_of(values) for values in self.rows.tolist()]
 
 
 def row_record(row: np.void) -> OpRecord:

@@ -18,7 +18,7 @@ import re
 import struct
 from collections.abc import Generator
 from pathlib import Path
-from typing import BinaryIO, Final, NamedTuple, Protocol
+from typing import Any, BinaryIO, Final, NamedTuple, Protocol
 
 from detctx._basics import TraceError
 
@@ -79,10 +79,14 @@ class OpRecord(NamedTuple):
         return cls(op, *where, *meta, (high << 64) | low, rng if random else None)
 
 
-class _Records(Protocol):
-    """A recorder's batch, as a trace sees it."""
+class _Rows(Protocol):
+    """A recorder's batch, as a trace sees it: ``rows`` of numbers (``tolist()`` gives
+    ``(op, site, meta, random, rng, high, low)`` tuples) and ``record(i)``, row ``i``
+    in strings."""
 
-    def records(self) -> list[OpRecord]: ...
+    rows: Any
+
+    def record(self, position: int) -> OpRecord: ...
 
 
 class TraceWriter:
@@ -96,6 +100,7 @@ class TraceWriter:
         self._strings: dict[str, int] = {}
         self._metas: dict[tuple[str, tuple[int, ...], str], int] = {}
         self._ids: dict[tuple[object, ...], tuple[int, int, int, int, int]] = {}
+        self._numbered: dict[tuple[int, int, int], tuple[int, int, int, int, int]] = {}
         self.count = 0
 
     @property
@@ -119,6 +124,15 @@ class TraceWriter:
             number = self._metas[key] = self._string(record.meta())
         return number
 
+    def _ids_of(self, record: OpRecord) -> tuple[int, int, int, int, int]:
+        return (
+            self._string(record.op),
+            self._string(record.module_path),
+            self._string(record.source),
+            self._string(record.node),
+            self._meta(record),
+        )
+
     def add(self, record: OpRecord, outputs: object = None) -> None:
         """Append ``record`` (``outputs``, the tensors, are not written: digests only)."""
         if self._file is None:
@@ -127,13 +141,7 @@ class TraceWriter:
         ids = self._ids.get(key)
         if ids is None:
             # One lookup per record once an op has been seen at this place and shape.
-            ids = self._ids[key] = (
-                self._string(record.op),
-                self._string(record.module_path),
-                self._string(record.source),
-                self._string(record.node),
-                self._meta(record),
-            )
+            ids = self._ids[key] = self._ids_of(record)
         random = record.rng is not None
         low, high = record.digest & _WORD, record.digest >> 64
         self._buffer += b"O" + _OP.pack(*ids, low, high, record.rng or 0, _RANDOM * random)
@@ -141,10 +149,24 @@ class TraceWriter:
         if len(self._buffer) >= BUFFER_BYTES:
             self._flush()
 
-    def add_batch(self, batch: _Records) -> None:
-        """Append a recorder's batch of rows (see :mod:`detctx._locate.batch`)."""
-        for record in batch.records():
-            self.add(record)
+    def add_batch(self, batch: _Rows) -> None:
+        """Append a recorder's batch of rows (see :mod:`detctx._locate.batch`); an op's
+        strings are looked up once per (op, place, output description) numbers."""
+        if self._file is None:
+            raise ValueError(f"the trace {self.path} is closed")
+        numbered = self._numbered
+        for position, (op, where, meta, random, rng, high, low) in enumerate(
+            batch.rows.tolist()
+        ):
+            ids = numbered.get((op, where, meta))
+            if ids is None:
+                record = batch.record(position)
+                ids = numbered[(op, where, meta)] = self._ids_of(record)
+            flags = _RANDOM if random else 0
+            self._buffer += b"O" + _OP.pack(*ids, low, high, rng if random else 0, flags)
+            self.count += 1
+            if len(self._buffer) >= BUFFER_BYTES:
+                self._flush()
 
     def _flush(self) -> None:
         if os.getpid() != self._pid:
