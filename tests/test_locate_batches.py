@@ -175,3 +175,33 @@ def test_a_divergence_in_one_output_of_many_names_that_output_and_its_shape():
     assert (found.output, found.outputs, found.shape) == (5, 6, (3, 300))
     assert (found.mismatched, found.total) == (1, 900)
     assert "float32 output 6 of 6, of shape (3, 300), on cpu differs: 1 of 900" in str(found)
+
+
+def test_after_a_run_parts_no_more_large_outputs_are_copied(monkeypatch: pytest.MonkeyPatch):
+    copied: list[int] = []
+    real_clone = torch.Tensor.clone
+
+    def counting_clone(self: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        if self.nbytes > STAGED:
+            copied.append(self.nbytes)
+        return real_clone(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    calls: list[int] = []
+
+    def step() -> None:
+        calls.append(1)
+        small = torch.randn(4)
+        if len(calls) % 2 == 0:
+            small.numpy()[0] += 1.0
+        (small * 2).sum()  # the first op that differs: staged
+        big = torch.randn(512, 512) + small.sum()  # every later large op differs too
+        for _ in range(20):
+            big = big * 1.5
+
+    monkeypatch.setattr(torch.Tensor, "clone", counting_clone)
+    found = detctx.locate_divergence(step, seed=3)
+
+    assert found is not None and found.op == "aten::mul.Tensor" and found.shape == (4,)
+    # One copy at most (the first large op that differed, before the comparison saw the
+    # staged one): not one for each of the twenty that follow.
+    assert len(copied) <= 1

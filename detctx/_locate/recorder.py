@@ -310,6 +310,10 @@ class OpRecorder:
         self._rngs.append(rng)
         self._entries.append(entry)
         self._counts.append(count)
+        if self._kept:
+            # Handed over at once: once a run has parted, every later op may differ, and
+            # copies kept until the buffer fills could add up to the run's activations.
+            self.flush()
 
     def _tensors_of(self, position: int) -> list[torch.Tensor] | None:
         entry, staging = self._entries[position], self._staging
