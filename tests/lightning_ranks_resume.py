@@ -149,6 +149,11 @@ def fit(case: str, folder: Path, run: str) -> None:
         unchanged = detctx.capture() == before and detctx.open_blocks() == ()
         name = "refused.pt" if trainer.global_rank == 0 else f"refused-{trainer.global_rank}.pt"
         torch.save({"refused": str(exc), "unchanged": unchanged}, folder / name)
+    finally:
+        # Lightning's ddp leaves its process group up; gloo's threads still running when
+        # the interpreter exits abort it ("terminate called without an active exception").
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
 
 
 def main() -> None:
