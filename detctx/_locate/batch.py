@@ -105,7 +105,9 @@ def meta_number(dtype: torch.dtype, shape: tuple[int, ...], device: torch.device
     return _metas.number((dtype, shape, device))
 
 
-def _record(row: np.void) -> OpRecord:
+def row_record(row: np.void) -> OpRecord:
+    """A row (of a batch, or read back by a :class:`RowReader`) as an
+    :class:`~detctx._locate.trace.OpRecord`."""
     return _record_of(tuple(int(row[name]) for name in _NAMES))
 
 
@@ -143,15 +145,10 @@ class Batch:
 
     def record(self, position: int) -> OpRecord:
         """Op ``first + position`` as an :class:`~detctx._locate.trace.OpRecord`."""
-        return _record(self.rows[position])
+        return row_record(self.rows[position])
 
     def records(self) -> list[OpRecord]:
         return [_record_of(values) for values in self.rows.tolist()]
-
-
-def row_record(row: np.void) -> OpRecord:
-    """A row read back from a :class:`RowReader` as an :class:`~detctx._locate.trace.OpRecord`."""
-    return _record(row)
 
 
 COMPARED: Final = ("op", "meta", "random", "rng", "high", "low")

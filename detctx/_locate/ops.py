@@ -152,5 +152,3 @@ same, so a difference in their output is a difference in what they were
 asked, which the first op that reads it shows. An optimiser's first step
 runs two ``zeros_like`` for each parameter.
 """
-
-

@@ -18,7 +18,7 @@ digested before it runs, so a stream advanced elsewhere is told apart from
 a numerical difference.
 
 Digests cost the least in bulk: the bytes of small CPU outputs are copied
-into a :class:`~detctx._locate.digest.Staging` buffer as each op runs and
+into a :class:`~detctx._locate.staging.Staging` buffer as each op runs and
 digested together when it fills; rows go to the sink a :class:`Batch` at a
 time. An output too large for the buffer, or on an accelerator, is
 digested as its op runs. A sink that may need an op's tensors (to count
@@ -281,11 +281,7 @@ class OpRecorder:
             self.flush()
         staging = self._staging
         entry, count = -1, 0
-        if staging is not None and (
-            _stageable(outputs[0])
-            if len(outputs) == 1
-            else all(_stageable(tensor) for tensor in outputs)
-        ):
+        if staging is not None and all(_stageable(tensor) for tensor in outputs):
             fits = staging.room_for(outputs)
             if not fits and self._ops:
                 self.flush()

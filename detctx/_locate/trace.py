@@ -155,9 +155,7 @@ class TraceWriter:
         if self._file is None:
             raise ValueError(f"the trace {self.path} is closed")
         numbered = self._numbered
-        for position, (op, where, meta, random, rng, high, low) in enumerate(
-            batch.rows.tolist()
-        ):
+        for position, (op, where, meta, random, rng, high, low) in enumerate(batch.rows.tolist()):
             ids = numbered.get((op, where, meta))
             if ids is None:
                 record = batch.record(position)
