@@ -205,3 +205,23 @@ def test_after_a_run_parts_no_more_large_outputs_are_copied(monkeypatch: pytest.
     # One copy at most (the first large op that differed, before the comparison saw the
     # staged one): not one for each of the twenty that follow.
     assert len(copied) <= 1
+
+
+def test_loader_workers_forked_with_outputs_staged_start_without_digesting_them() -> None:
+    # OpenMP's threads do not survive a fork: a worker whose first op is a parallel one (a
+    # digest of the staged outputs, before the worker's own set_num_threads(1)) waits for
+    # them forever. Before: every epoch like this one hung (the loader's timeout says so).
+    from torch.utils.data import DataLoader, TensorDataset
+
+    data = TensorDataset(torch.randn(32, 256))
+
+    def epoch() -> None:
+        model = nn.Sequential(*[nn.Linear(256, 256) for _ in range(4)])
+        model(torch.randn(256, 256)).sum().backward()  # staged outputs at the fork
+        loader = DataLoader(
+            data, batch_size=8, num_workers=2, generator=detctx.loader_generator(), timeout=60
+        )
+        for (batch,) in loader:
+            model(batch).sum().backward()
+
+    assert detctx.locate_divergence(epoch) is None

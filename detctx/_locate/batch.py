@@ -12,6 +12,7 @@ row back into an :class:`~detctx._locate.trace.OpRecord` of strings.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -52,6 +53,16 @@ READ_AHEAD: Final = 1024
 """Rows a :class:`RowReader` reads from its file at a time, at least."""
 _NAMES: Final = ("op", "site", "meta", "random", "rng", "high", "low")
 _lock = threading.Lock()
+
+
+def _fresh_lock_in_child() -> None:
+    # A child forked while another thread numbered a value would wait for that thread.
+    global _lock
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows
+    os.register_at_fork(after_in_child=_fresh_lock_in_child)
 
 
 class _Table:

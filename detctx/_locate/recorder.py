@@ -155,16 +155,15 @@ _recording: weakref.WeakSet[OpRecorder] = weakref.WeakSet()
 
 def _after_fork_in_child() -> None:
     # A child forked while recording (a DataLoader worker) must not write into the
-    # parent's trace; the mode sits on the stack of the thread that started it, so
-    # only a child forked from that thread can pop it.
+    # parent's trace, nor digest what the parent staged: OpenMP's threads do not survive
+    # a fork, and a parallel op run before the worker's own set_num_threads(1) waits for
+    # them forever.
     for recorder in list(_recording):
-        recorder.sink = _Discard()
-        recorder.wants = None
-        if recorder.thread == threading.get_ident():
-            recorder.stop()
+        recorder.abandon()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+if hasattr(os, "register_at_fork"):  # not on Windows
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class OpRecorder:
@@ -229,6 +228,25 @@ class OpRecorder:
                 if self._staging is not None:
                     give_back(self._staging)
                     self._staging = None
+
+    def abandon(self) -> None:
+        """Stop in a forked child: nothing digested, nothing handed over, no buffer pooled.
+
+        The mode sits on the stack of the thread that started it, so only a child
+        forked from that thread pops it; in any other, that thread does not exist.
+        """
+        mode, self._mode = self._mode, None
+        _recording.discard(self)
+        self.sink, self.wants = _Discard(), None
+        self._pending, self._staging = None, None
+        for column in (self._ops, self._sites, self._metas, self._rngs, self._entries):
+            column.clear()
+        self._counts.clear()
+        self._values.clear()
+        self._kept.clear()
+        self.modules.stop()
+        if mode is not None and self.thread == threading.get_ident():
+            mode.__exit__(None, None, None)
 
     def _annotate(self) -> None:
         pending, self._pending = self._pending, None

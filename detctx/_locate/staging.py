@@ -9,6 +9,7 @@ asked to (see :mod:`detctx._locate.digest` for the digest itself).
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Final
 
@@ -187,6 +188,16 @@ class Staging:
 
 _pool: list[Staging] = []
 _pool_lock = threading.Lock()
+
+
+def _fresh_pool_in_child() -> None:
+    # A child forked while another thread held the lock would wait for that thread.
+    global _pool_lock
+    _pool_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows
+    os.register_at_fork(after_in_child=_fresh_pool_in_child)
 
 
 def borrow() -> Staging:
