@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-import os
 import random
 import threading
 from collections.abc import Callable, Iterator
@@ -271,10 +270,10 @@ def unpark(parked: Parked) -> None:
     _entered.set(_entered.get() + parked.entered)
 
 
-def _after_fork_in_child() -> None:
-    """Forget the blocks of the parent's other threads in a forked child (their
-    changes are put back by :func:`detctx._state.transaction.reset_after_fork`)."""
-    if transaction.reset_after_fork():
+def _after_fork_in_child(undone: bool) -> None:
+    """Forget the blocks of the parent's other threads in a forked child, when the
+    transaction put their changes back (``undone``)."""
+    if undone:
         for block in _stack:
             block.closed = True
         del _stack[:]
@@ -287,5 +286,4 @@ def _after_fork_in_child() -> None:
             block.snapshot.renew_after_fork()
 
 
-if hasattr(os, "register_at_fork"):  # not on Windows
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+transaction.on_fork(_after_fork_in_child)

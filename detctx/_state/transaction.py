@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import enum
 import gc
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -54,7 +55,7 @@ __all__ = [
     "end",
     "give_back_holds",
     "held_elsewhere",
-    "reset_after_fork",
+    "on_fork",
     "take_holds",
 ]
 
@@ -90,6 +91,8 @@ _deferred: list[Callable[[], None]] = []
 
 def _acquire(*, warn: bool = True) -> None:
     global _holds, _owner
+    if not _fork_handler:
+        _register_fork_handler()
     me = threading.get_ident()
     if _owner != me:
         if not _mutex.acquire(timeout=WAIT_BEFORE_WARNING_S if warn else -1):
@@ -249,7 +252,7 @@ def take_holds(count: int) -> None:
     interrupts.count_open(count)
 
 
-def reset_after_fork() -> bool:
+def _reset_after_fork() -> bool:
     """In a forked child: undo the changes another thread had in force; whether it had any.
 
     A lock held by another thread at ``os.fork()`` stays held for ever in the
@@ -262,8 +265,15 @@ def reset_after_fork() -> bool:
     """
     global _mutex, _owner, _holds, _baseline
     me = threading.get_ident()
-    if _owner is None or _owner == me:
+    if _owner == me:
         interrupts.after_fork(open_here=_holds)
+        return False
+    if _owner is None:
+        if _mutex.locked():
+            # Another thread was between taking the lock and naming itself its owner, or
+            # between clearing the name and giving it back: nothing of its is in force.
+            _mutex = threading.Lock()
+        interrupts.after_fork(open_here=0)
         return False
     baseline = _baseline
     _mutex = threading.Lock()
@@ -282,3 +292,29 @@ def reset_after_fork() -> bool:
                 DeterminismWarning,
             )
     return True
+
+
+_fork_listeners: list[Callable[[bool], None]] = []
+_fork_handler = False  # registered at the lock's first use
+
+
+def on_fork(listener: Callable[[bool], None]) -> None:
+    """Call ``listener(undone)`` in a forked child, once the lock is the child's;
+    ``undone``: whether changes another thread had in force were put back."""
+    _fork_listeners.append(listener)
+
+
+def _after_fork_in_child() -> None:
+    undone = _reset_after_fork()
+    for listener in _fork_listeners:
+        listener(undone)
+
+
+def _register_fork_handler() -> None:
+    # At the lock's first use, not at import: the flags' owners register theirs when the
+    # state package is imported, after this module, and the lock's handler, which may put
+    # flags back, must run after theirs. Before the first use the lock is free.
+    global _fork_handler
+    _fork_handler = True
+    if hasattr(os, "register_at_fork"):  # not on Windows
+        os.register_at_fork(after_in_child=_after_fork_in_child)
