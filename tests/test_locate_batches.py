@@ -207,6 +207,7 @@ def test_after_a_run_parts_no_more_large_outputs_are_copied(monkeypatch: pytest.
     assert len(copied) <= 1
 
 
+@pytest.mark.slow
 def test_loader_workers_forked_with_outputs_staged_start_without_digesting_them() -> None:
     # OpenMP's threads do not survive a fork: a worker whose first op is a parallel one (a
     # digest of the staged outputs, before the worker's own set_num_threads(1)) waits for
