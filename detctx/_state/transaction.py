@@ -296,6 +296,7 @@ def _reset_after_fork() -> bool:
 
 _fork_listeners: list[Callable[[bool], None]] = []
 _fork_handler = False  # registered at the lock's first use
+_fork_handler_lock = threading.Lock()
 
 
 def on_fork(listener: Callable[[bool], None]) -> None:
@@ -315,6 +316,9 @@ def _register_fork_handler() -> None:
     # state package is imported, after this module, and the lock's handler, which may put
     # flags back, must run after theirs. Before the first use the lock is free.
     global _fork_handler
-    _fork_handler = True
+    with _fork_handler_lock:  # once, whichever thread takes the lock first
+        if _fork_handler:
+            return
+        _fork_handler = True
     if hasattr(os, "register_at_fork"):  # not on Windows
         os.register_at_fork(after_in_child=_after_fork_in_child)
