@@ -235,6 +235,35 @@ def test_a_block_entered_in_one_thread_can_be_exited_in_another() -> None:
     assert detctx.fingerprint() == fingerprint
 
 
+def test_a_child_forked_from_another_thread_before_any_block_holds_ctrl_c_in_its_blocks() -> None:
+    # The forking thread is the child's main thread. Before any block had taken the lock,
+    # the child kept the parent's main thread as its own, which it does not have: its
+    # blocks held no signal (detctx's handler was never installed there).
+    output = run_python(
+        """
+        import os, signal, threading, detctx
+        import detctx._blocks.stack  # imported, no block entered yet
+
+        def fork_here():
+            pid = os.fork()
+            if pid == 0:
+                with detctx.deterministic(seed=1):
+                    inside = signal.getsignal(signal.SIGINT)
+                held = inside is not signal.default_int_handler
+                after = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+                os._exit(0 if held and after else 3)
+            _, status = os.waitpid(pid, 0)
+            print("child exit", os.waitstatus_to_exitcode(status))
+
+        thread = threading.Thread(target=fork_here)
+        thread.start()
+        thread.join()
+        """,
+        timeout=60,
+    )
+    assert "child exit 0" in output
+
+
 def test_a_child_forked_from_another_thread_during_an_entry_still_gets_ctrl_c() -> None:
     # The child inherited the main thread's "inside a section" count: every Ctrl-C in it
     # was held for a section end that never came.

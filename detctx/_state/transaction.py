@@ -311,6 +311,17 @@ def _after_fork_in_child() -> None:
         listener(undone)
 
 
+def _after_fork_before_first_use() -> None:
+    # Registered at import: until the lock's first use nothing is open or held, and a
+    # child forked from another thread still has a new main thread for the signals.
+    if not _fork_handler:
+        interrupts.after_fork(open_here=0)
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows
+    os.register_at_fork(after_in_child=_after_fork_before_first_use)
+
+
 def _register_fork_handler() -> None:
     # At the lock's first use, not at import: the flags' owners register theirs when the
     # state package is imported, after this module, and the lock's handler, which may put
