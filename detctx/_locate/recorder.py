@@ -239,11 +239,7 @@ class OpRecorder:
         _recording.discard(self)
         self.sink, self.wants = _Discard(), None
         self._pending, self._staging = None, None
-        for column in (self._ops, self._sites, self._metas, self._rngs, self._entries):
-            column.clear()
-        self._counts.clear()
-        self._values.clear()
-        self._kept.clear()
+        self._forget_rows()
         self.modules.stop()
         if mode is not None and self.thread == threading.get_ident():
             mode.__exit__(None, None, None)
@@ -370,13 +366,17 @@ class OpRecorder:
             self.sink.add_batch(Batch(self.count, rows, self._tensors_of))
         finally:
             self.count += count
-            for column in (self._ops, self._sites, self._metas, self._rngs, self._entries):
-                column.clear()
-            self._counts.clear()
-            self._values.clear()
-            self._kept.clear()
+            self._forget_rows()
             if staging is not None:
                 staging.clear()
+
+    def _forget_rows(self) -> None:
+        """Drop the rows not handed over yet, with their digests and copies."""
+        for column in (self._ops, self._sites, self._metas, self._rngs, self._entries):
+            column.clear()
+        self._counts.clear()
+        self._values.clear()
+        self._kept.clear()
 
 
 def _stageable(tensor: torch.Tensor) -> bool:
