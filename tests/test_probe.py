@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ import torch
 
 import detctx
 from detctx._cli import main
+from detctx._cli.probe import format_report
 from detctx._proving import probe as detctx_probe
 from detctx._proving.probe import PROBE_OPS, ProbeOp, run_probe
 
@@ -111,7 +113,7 @@ def test_doctor_probe_prints_a_row_per_op_and_says_nothing_differs_on_cpu(
     assert "0 op(s) gave different bits from run to run, 0 raise" in out
     for op in PROBE_OPS[:-1]:
         line = next(line for line in out.splitlines() if line.startswith(op.name + " "))
-        assert line.split()[-4:-1] == ["yes", "yes", "no"], line
+        assert re.split(r"\s{2,}", line)[2:5] == ["yes", "yes", "no"], line
 
 
 @pytest.mark.slow
@@ -194,3 +196,53 @@ def test_a_fast_op_is_timed_in_batches_long_enough_for_the_clock() -> None:
     # one call to size the batch, then a batch off and a batch on of 5 ms each
     batch = round(detctx_probe.SAMPLE_SECONDS / 1e-4)
     assert machine.calls == 1 + 2 * batch
+
+
+def test_a_probe_row_whose_pairs_straddle_one_says_no_measurable_slowdown() -> None:
+    # Nine pairs timed on a noisy machine: the median reads 0.815x, but the pairs'
+    # own spread holds 1x, so the table does not claim determinism made it faster.
+    ratios = [0.55, 0.62, 0.7, 0.79, 0.815, 0.9, 1.05, 1.3, 1.6]
+    noisy = detctx_probe.ProbeRow(
+        "histc",
+        "cpu",
+        True,
+        True,
+        raises=False,
+        slowdown=0.815,
+        slowdown_range=detctx_probe.ratio_interval(ratios),
+    )
+    tight = [1.9, 1.95, 1.97, 2.0, 2.0, 2.01, 2.03, 2.05, 2.2]
+    slower = detctx_probe.ProbeRow(
+        "cumsum",
+        "cpu",
+        True,
+        True,
+        raises=False,
+        slowdown=2.0,
+        slowdown_range=detctx_probe.ratio_interval(tight),
+    )
+
+    table = format_report(detctx_probe.ProbeReport(5, [noisy, slower]))
+
+    assert detctx_probe.ratio_interval(ratios) == (0.62, 1.3)
+    assert noisy.measurable is False and slower.measurable is True
+    histc = next(line for line in table.splitlines() if line.startswith("histc "))
+    cumsum = next(line for line in table.splitlines() if line.startswith("cumsum "))
+    assert histc.endswith("no measurable slowdown") and "0.815" not in histc
+    assert cumsum.endswith("2x")
+
+
+def test_the_interval_of_a_median_widens_with_fewer_pairs_and_needs_some() -> None:
+    assert detctx_probe.ratio_interval(range(1, 10)) == (2, 8)
+    assert detctx_probe.ratio_interval([3.0, 1.0, 2.0]) == (1.0, 3.0)
+    assert detctx_probe.ratio_interval([]) is None
+
+
+def test_a_busy_machine_gives_the_probe_rows_ratios_in_order() -> None:
+    machine = BusyMachine(busy=range(5, 170), on_cost=2.0)
+
+    ratios = detctx_probe.paired_ratios(machine.op, machine.switch, clock=machine.clock)
+
+    assert ratios == sorted(ratios) and len(ratios) == detctx_probe.TIMED_ROUNDS
+    low, high = detctx_probe.ratio_interval(ratios) or (0.0, 0.0)
+    assert low <= 2.0 <= high

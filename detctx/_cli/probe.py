@@ -20,6 +20,8 @@ def _cells(row: ProbeRow) -> tuple[str, ...]:
     if row.error is not None:
         return (row.op, row.device, "-", "-", "-", f"failed: {row.error}")
     slowdown = "-" if row.slowdown is None else f"{row.slowdown:.3g}x"
+    if row.slowdown is not None and not row.measurable:
+        slowdown = "no measurable slowdown"
     return (
         row.op,
         row.device,
@@ -40,7 +42,8 @@ def format_report(report: ProbeReport) -> str:
         f"slowdown on: time on / time off, the median of {TIMED_ROUNDS} pairs timed back to "
         f"back (each a batch of calls lasting {SAMPLE_SECONDS * 1000:.0f} ms or more; CPU "
         "time on the cpu, wall-clock time around a synchronize on a device): a guide, not a "
-        "benchmark",
+        "benchmark; 'no measurable slowdown' when the pairs' own spread around the median "
+        "(from the 2nd smallest to the 2nd largest ratio) holds 1x",
     ]
     for cells in table:
         out.append(

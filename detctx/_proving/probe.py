@@ -43,8 +43,10 @@ __all__ = [
     "ProbeOp",
     "ProbeReport",
     "ProbeRow",
+    "paired_ratios",
     "paired_slowdown",
     "probe_devices",
+    "ratio_interval",
     "run_probe",
 ]
 
@@ -67,7 +69,8 @@ class ProbeRow:
     way). ``raises``: it raised under ``use_deterministic_algorithms(True)``
     (``detail`` has the first line). ``slowdown``: time on / time off, the
     median of :data:`TIMED_ROUNDS` pairs timed back to back
-    (:func:`paired_slowdown`). ``error``: it failed even with determinism off.
+    (:func:`paired_slowdown`); ``slowdown_range``: the spread of those pairs around it
+    (:func:`ratio_interval`). ``error``: it failed even with determinism off.
     """
 
     op: str
@@ -78,6 +81,13 @@ class ProbeRow:
     slowdown: float | None
     detail: str | None = None
     error: str | None = None
+    slowdown_range: tuple[float, float] | None = None
+
+    @property
+    def measurable(self) -> bool:
+        """Whether the slowdown stands out of the noise: its pairs' interval leaves out 1."""
+        low, high = self.slowdown_range or (1.0, 1.0)
+        return not low <= 1.0 <= high
 
 
 @dataclass
@@ -187,14 +197,15 @@ def _probe_op(op: ProbeOp, device: torch.device, runs: int, seed: int) -> ProbeR
         # 0.02x on a CPU where nothing changes (detctx doctor --probe beside a test run
         # on 2 cores). A device's time is the wall clock around a synchronize.
         clock = time.process_time if device.type == "cpu" else time.perf_counter
-        slowdown = paired_slowdown(thunk, lambda on: _switch(on=on), synchronize, clock=clock)
+        ratios = paired_ratios(thunk, lambda on: _switch(on=on), synchronize, clock=clock)
     return ProbeRow(
         op.name,
         device.type,
         identical_off=identical_off,
         identical_on=identical_on,
         raises=False,
-        slowdown=slowdown,
+        slowdown=statistics.median(ratios) if ratios else None,
+        slowdown_range=ratio_interval(ratios),
     )
 
 
@@ -224,13 +235,27 @@ def paired_slowdown(
     rounds: int = TIMED_ROUNDS,
     clock: Callable[[], float] = time.perf_counter,
 ) -> float | None:
-    """How much slower ``thunk`` runs with ``switch(True)`` than with ``switch(False)``.
+    """How much slower ``thunk`` runs with ``switch(True)`` than with ``switch(False)``: the
+    median of :func:`paired_ratios` (``None`` when the clock saw no time pass)."""
+    ratios = paired_ratios(thunk, switch, synchronize, rounds=rounds, clock=clock)
+    return statistics.median(ratios) if ratios else None
+
+
+def paired_ratios(
+    thunk: Callable[[], object],
+    switch: Callable[[bool], None],
+    synchronize: Callable[[], None] | None = None,
+    *,
+    rounds: int = TIMED_ROUNDS,
+    clock: Callable[[], float] = time.perf_counter,
+) -> list[float]:
+    """Time on / time off of ``thunk``, one ratio a round, smallest first.
 
     Each of ``rounds`` rounds times a batch of calls off, then the same batch on,
     back to back, so a busy moment falls on both sides of a pair or on one pair
-    only; the result is the median of the rounds' ratios (``None`` when the
-    clock saw no time pass). The batch is as many calls as last
-    :data:`SAMPLE_SECONDS` (one call at least, :data:`_MAX_CALLS` at most).
+    only. The batch is as many calls as last :data:`SAMPLE_SECONDS` (one call at
+    least, :data:`_MAX_CALLS` at most); a round whose "off" batch saw no time pass
+    gives no ratio.
     """
 
     def timed(on: bool, calls: int) -> float:
@@ -251,7 +276,27 @@ def paired_slowdown(
         off, on = timed(False, calls), timed(True, calls)
         if off > 0:
             ratios.append(on / off)
-    return statistics.median(ratios) if ratios else None
+    return sorted(ratios)
+
+
+def ratio_interval(ratios: Sequence[float]) -> tuple[float, float] | None:
+    """Where the median of ``ratios`` lies, judged from their own spread: the order
+    statistics around it that hold the true median at least 95% of the time (the 2nd
+    smallest and the 2nd largest of 9), or the smallest and largest of fewer than 6.
+
+    It assumes nothing about how the timings scatter, so a probe on a loaded machine
+    gets a wide interval and a quiet one a narrow one; ``None`` without ratios.
+    """
+    ordered = sorted(ratios)
+    count = len(ordered)
+    if not count:
+        return None
+    # The largest k whose tail P(Binomial(count, 1/2) < k) stays within 2.5%, at least 1.
+    k, tail = 1, 1 / 2**count
+    while k < count and tail + math.comb(count, k) / 2**count <= 0.025:
+        tail += math.comb(count, k) / 2**count
+        k += 1
+    return ordered[k - 1], ordered[count - k]
 
 
 def _bits(out: Any) -> bytes:
