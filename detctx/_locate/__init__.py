@@ -10,8 +10,29 @@ nothing is installed until a recording starts.
 
 from __future__ import annotations
 
+from detctx._locate.callsite import UNKNOWN, user_line, user_line_in_backward
 from detctx._locate.child import start_from_environment
+from detctx._locate.digest import digest
 from detctx._locate.divergence import Divergence, compare_traces
+from detctx._locate.modules import ModuleTracker
+from detctx._locate.ops import INFOS, OpInfo
+from detctx._locate.recorder import combine_digests, dispatch_mode_class
 from detctx._locate.search import locate_divergence
 
-__all__ = ["Divergence", "compare_traces", "locate_divergence", "start_from_environment"]
+# Besides locate's own API, the machinery detctx._compare records with: the running
+# module's path, the user's source line, what each op is, and the digest.
+__all__ = [
+    "INFOS",
+    "UNKNOWN",
+    "Divergence",
+    "ModuleTracker",
+    "OpInfo",
+    "combine_digests",
+    "compare_traces",
+    "digest",
+    "dispatch_mode_class",
+    "locate_divergence",
+    "start_from_environment",
+    "user_line",
+    "user_line_in_backward",
+]
