@@ -41,6 +41,7 @@ from detctx._data.elastic import ElasticLoader
 from detctx._data.loader import current_rank, loader_generator, seed_worker
 from detctx._data.loader_state import LOADER_FORMAT, is_resumable, resumable_class
 from detctx._data.samplers import prepare_samplers
+from detctx._data.untrusted import digest, keys_of, same_plain
 from detctx._data.worker_streams import WorkerStreams
 from detctx._state import Snapshot, capture
 
@@ -49,7 +50,9 @@ __all__ = ["LOADER_FORMAT", "RESUME_FORMAT", "resumable_loader", "resume", "resu
 RESUME_FORMAT: Final = "detctx.resume"
 """The ``"format"`` entry of :func:`resume_state`'s dict."""
 
-_VERSION: Final = 1
+_VERSION: Final = 2  # 2: a digest of the whole state, the RNG half included
+_DIGESTED: Final = ("format", "version", "rng", "loaders")
+_KEYS: Final = frozenset({*_DIGESTED, "digest"})
 
 
 def resumable_loader(dataset: Any, *args: Any, seed: int | None = None, **kwargs: Any) -> Any:
@@ -126,10 +129,12 @@ def resumable_loader(dataset: Any, *args: Any, seed: int | None = None, **kwargs
 def resume_state(*loaders: Any) -> dict[str, Any]:
     """Everything a run needs to continue exactly from here, as one plain dict.
 
-    ``{"format": "detctx.resume", "version": 1, "rng": ..., "loaders": [...]}``:
-    every RNG of this process (``detctx.capture().state_dict()``) and each
-    loader's ``state_dict()`` (its position, and the configuration and rank it
-    was saved with, which :func:`resume` checks). Save it with the model and
+    ``{"format": "detctx.resume", "version": 2, "rng": ..., "loaders": [...],
+    "digest": ...}``: every RNG of this process
+    (``detctx.capture().state_dict()``), each loader's ``state_dict()`` (its
+    position, and the configuration and rank it was saved with, which
+    :func:`resume` checks) and a digest of all of it, by which :func:`resume`
+    refuses a corrupted or edited state. Save it with the model and
     optimiser, one file per rank; it loads with
     ``torch.load(..., weights_only=True)``::
 
@@ -137,12 +142,14 @@ def resume_state(*loaders: Any) -> dict[str, Any]:
                     "detctx": detctx.resume_state(loader)}, path)
     """
     _check_loaders(loaders)
-    return {
+    state = {
         "format": RESUME_FORMAT,
         "version": _VERSION,
         "rng": capture().state_dict(),
         "loaders": [loader.state_dict() for loader in loaders],
     }
+    state["digest"] = digest(state)
+    return state
 
 
 def resume(state: Mapping[str, Any], *loaders: Any, strict: bool = True) -> None:
@@ -159,7 +166,10 @@ def resume(state: Mapping[str, Any], *loaders: Any, strict: bool = True) -> None
     in the message; any count, seed or RNG state of a loader's position that
     this loader cannot have reached; RNG states that do not fit this
     process's sources (see :meth:`detctx.Snapshot.from_state_dict`;
-    ``strict=False`` skips sources either side lacks). If restoring an RNG
+    ``strict=False`` skips sources either side lacks); last, anything changed
+    after it was saved (the digest of the whole state, the RNG states
+    included, does not match), and a state of version 1, which had no digest
+    of its RNG states. If restoring an RNG
     raises, the loaders are put back as they were too::
 
         checkpoint = torch.load(path, weights_only=True)
@@ -175,6 +185,7 @@ def resume(state: Mapping[str, Any], *loaders: Any, strict: bool = True) -> None
         refusal="not a detctx resume state",
         hint="pass the dict detctx.resume_state() returned",
     )
+    _check_keys(state)
     saved = state.get("loaders")
     if not isinstance(saved, list) or len(saved) != len(loaders):
         count = len(saved) if isinstance(saved, list) else "no"
@@ -190,6 +201,15 @@ def resume(state: Mapping[str, Any], *loaders: Any, strict: bool = True) -> None
     snapshot = Snapshot.from_state_dict(state["rng"], strict=strict)
     for index, (loader, loader_state) in enumerate(zip(loaders, saved)):
         loader.check_state(loader_state, where=f"state['loaders'][{index}]")
+    # Last, so that a state a check above refuses is told what differs; this catches what
+    # no check can: one valid RNG state put in place of another (a flipped bit of a
+    # Mersenne Twister word, a NumPy position one off, a Gaussian cache set).
+    if not same_plain(state["digest"], digest({key: state[key] for key in _DIGESTED})):
+        raise CheckpointError(
+            "the resume state was changed after it was saved (its digest does not match what "
+            "it holds, RNG states and loaders): a corrupted or edited checkpoint; resume from "
+            "another one"
+        )
     pending = [loader.pending() for loader in loaders]
     try:
         for loader, loader_state in zip(loaders, saved):
@@ -199,6 +219,22 @@ def resume(state: Mapping[str, Any], *loaders: Any, strict: bool = True) -> None
         for loader, before in zip(loaders, pending):
             loader.put_back(before)
         raise
+
+
+def _check_keys(state: Mapping[str, Any]) -> None:
+    if state["version"] < _VERSION:
+        raise CheckpointError(
+            f"the resume state has version {state['version']}, saved before resume states "
+            "carried a digest of their RNG states, so an edit or a corruption of those would "
+            "pass unseen: resume with the detctx that saved it, or take it unchecked in parts "
+            "(detctx.Snapshot.from_state_dict(state['rng']).restore() and each loader's "
+            "load_state_dict(state['loaders'][i]))"
+        )
+    if set(state) != _KEYS:
+        raise CheckpointError(
+            f"the resume state holds {keys_of(state)}; resume_state saves {sorted(_KEYS)}: "
+            "a corrupted or edited checkpoint; resume from another one"
+        )
 
 
 def _check_loaders(loaders: tuple[Any, ...]) -> None:

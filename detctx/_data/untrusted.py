@@ -53,7 +53,10 @@ def _feed(sink: Any, value: Any) -> None:
         text = f"{type(value).__name__}:{value!r}".encode()
         sink.update(b"v%d;" % len(text) + text)
     else:
-        raise CheckpointError(f"a loader state holds a {type(value).__name__}, not plain data")
+        raise CheckpointError(
+            f"a checkpoint state holds a {type(value).__name__}, not plain data (tensors, "
+            "numbers, strings, None, lists and dicts): resume from a checkpoint detctx saved"
+        )
 
 
 def same_plain(value: Any, expected: Any) -> bool:
