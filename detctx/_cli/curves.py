@@ -15,8 +15,8 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, replace
+from pathlib import Path, PurePath
 from typing import Final
 
 from detctx._basics import MetricsError, same_float
@@ -38,6 +38,8 @@ __all__ = [
     "parse_line",
     "printed_digits",
     "read_log",
+    "short_names",
+    "shortened",
     "significant_digits",
     "split_lines",
 ]
@@ -167,11 +169,12 @@ def parse_line(line: str, number: int, pattern: re.Pattern[str], name: str) -> P
     return Point(value, text, number, int(step_match.group(1)) if step_match else None)
 
 
-def read_log(path: str | Path, pattern: re.Pattern[str]) -> Curve:
+def read_log(path: str | Path, pattern: re.Pattern[str], *, looked_for: str = "") -> Curve:
     """The curve in the log file at ``path``.
 
     Raises :class:`~detctx.MetricsError` for a file that cannot be read
-    (:func:`~detctx._cli.paths.read_log_text`), or one in which no line matches.
+    (:func:`~detctx._cli.paths.read_log_text`), or one in which no line matches
+    (saying it looked for ``looked_for``, when given, rather than the regex).
     """
     path = Path(path)
     lines = split_lines(read_log_text(path))
@@ -180,13 +183,18 @@ def read_log(path: str | Path, pattern: re.Pattern[str]) -> Curve:
         signs = FrameworkSigns()
         for line in lines:
             signs.feed(line)
-        raise MetricsError(no_points_message(str(path), pattern, signs.advice()))
+        raise MetricsError(no_points_message(str(path), pattern, signs.advice(), looked_for))
     return curve
 
 
-def no_points_message(name: str, pattern: re.Pattern[str], advice: str = "") -> str:
-    """The error for a log without metric lines; ``advice`` for the framework that wrote it."""
-    shown = "the default loss pattern" if pattern.pattern == DEFAULT_PATTERN else pattern.pattern
+def no_points_message(
+    name: str, pattern: re.Pattern[str], advice: str = "", looked_for: str = ""
+) -> str:
+    """The error for a log without metric lines; ``advice`` for the framework that wrote it,
+    ``looked_for`` what the pattern matches in words (else the pattern is shown)."""
+    shown = looked_for or (
+        "the default loss pattern" if pattern.pattern == DEFAULT_PATTERN else pattern.pattern
+    )
     tail = advice or "pass --pattern to match your log"
     return f"no metric lines in {name} (looked for {shown}); {tail}"
 
@@ -267,3 +275,34 @@ def compare(curves: Sequence[Curve]) -> CurveComparison:
             if first is None:
                 first = index
     return CurveComparison(tuple(curves), first, differing, max_abs)
+
+
+def short_names(names: Sequence[str]) -> list[str]:
+    """File names cut to what tells them apart: the folders every one starts with dropped,
+    and the folders every one ends with, before a shared file name, shown as ``...``.
+
+    ``/home/me/runs/a/lightning_logs/version_0/metrics.csv`` and ``.../b/...`` read
+    ``a/.../metrics.csv`` and ``b/.../metrics.csv``; names that are not paths (``run 1``),
+    or that the cut would make the same, are kept whole.
+    """
+    parts = [PurePath(name).parts for name in names]
+    if len(set(parts)) < len(parts) or not all(parts):
+        return list(names)
+    lead = 0
+    while all(len(p) > lead + 1 for p in parts) and len({p[lead] for p in parts}) == 1:
+        lead += 1
+    rest = [p[lead:] for p in parts]
+    tail = 0
+    while all(len(p) > tail + 1 for p in rest) and len({p[-1 - tail] for p in rest}) == 1:
+        tail += 1
+    if tail >= 2:  # a shared file name and at least one shared folder before it
+        rest = [(*p[: len(p) - tail], "...", p[-1]) for p in rest]
+    shortened = [str(PurePath(*p)) for p in rest]
+    return shortened if len(set(shortened)) == len(shortened) else list(names)
+
+
+def shortened(comparison: CurveComparison) -> CurveComparison:
+    """``comparison`` with its curves named by :func:`short_names`."""
+    names = short_names([curve.name for curve in comparison.curves])
+    curves = tuple(replace(c, name=n) for c, n in zip(comparison.curves, names))
+    return replace(comparison, curves=curves)

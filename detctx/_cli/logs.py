@@ -33,6 +33,7 @@ from detctx._cli.paths import read_log_text
 
 __all__ = [
     "TRAINING_LOSS_COLUMNS",
+    "metric_lines",
     "metric_pattern",
     "read_csv_metrics",
     "read_curve",
@@ -74,17 +75,26 @@ def read_curve(path: Path, *, pattern: str | None = None, metric: str | None = N
     if metric is not None:
         if pattern is not None:
             raise MetricsError("give --pattern or --metric, not both")
-        return read_log(path, metric_pattern(metric))
+        return read_log(path, metric_pattern(metric), looked_for=metric_lines(metric))
     return read_log(path, compile_pattern(pattern))
 
 
 def metric_pattern(name: str) -> re.Pattern[str]:
-    """The regex for ``name: x``, ``name=x``, ``'name': x`` and ``'name': 'x'`` in a text log."""
+    """The regex for ``name: x``, ``name=x``, ``name x``, ``'name': x`` and ``'name': 'x'``
+    in a text log."""
     if not name.strip():
         raise MetricsError("--metric needs a metric name, e.g. --metric eval_loss")
+    # One space-or-separator group: either branch backtracks once per space, so a line
+    # of the name and many spaces stays linear (see DEFAULT_PATTERN).
     return compile_pattern(
-        rf"(?<![\w./-]){re.escape(name)}['\"]?\s*[:=]\s*" + METRIC_VALUE, linear=True
+        rf"(?<![\w./-]){re.escape(name)}['\"]?(?:\s*[:=]\s*|\s+)" + METRIC_VALUE, linear=True
     )
+
+
+def metric_lines(name: str) -> str:
+    """What :func:`metric_pattern` looks for, in words, for an error message."""
+    shown = name if name.isprintable() and len(name) <= 40 else repr(name[:40])
+    return f"--metric {shown}: lines such as '{shown}: 0.5', '{shown}=0.5' or '{shown} 0.5'"
 
 
 def read_csv_metrics(text: str, name: str, metric: str | None = None) -> Curve:

@@ -8,24 +8,38 @@ carries one, and the metric.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from detctx._basics import MissingDependencyError
-from detctx._cli.curves import Curve, CurveComparison, compare, digits_text, printed_digits
+from detctx._cli.curves import (
+    Curve,
+    CurveComparison,
+    compare,
+    digits_text,
+    printed_digits,
+    shortened,
+)
 from detctx._cli.plot_target import plot_format
 
 __all__ = ["load_pyplot", "plot", "title"]
+
+_TITLE_WIDTH = 90
+"""Characters of a title line that fit above the 9-inch figure at the title's size."""
 
 
 def plot(comparison: CurveComparison, path: str | Path, what: str = "metric") -> None:
     """Write a picture of ``comparison``; the suffix of ``path`` names the format.
 
     Needs matplotlib (``pip install 'detctx[plot]'``); raises
-    :class:`~detctx.MissingDependencyError` without it.
+    :class:`~detctx.MissingDependencyError` without it. Files are named by what
+    tells them apart (:func:`~detctx._cli.curves.short_names`), and a long title
+    is wrapped, so neither is cut off at the figure's edge.
     """
     pyplot = load_pyplot()
+    comparison = shortened(comparison)
     curves = comparison.curves
     figure, (top, bottom) = pyplot.subplots(2, 1, sharex=True, figsize=(9, 6.5))
     try:
@@ -62,7 +76,10 @@ def plot(comparison: CurveComparison, path: str | Path, what: str = "metric") ->
                 for axes in (top, bottom):
                     axes.axvline(x, color=colours[index], linestyle=":", linewidth=1)
         bottom.xaxis.get_major_locator().set_params(integer=True)
-        top.set_title(title(comparison, what), fontsize="medium")
+        wrapped = [
+            textwrap.fill(line, _TITLE_WIDTH) for line in title(comparison, what).split("\n")
+        ]
+        top.set_title("\n".join(wrapped), fontsize="medium")
         top.set_ylabel(what)
         bottom.set_ylabel(f"difference from {reference.name}")
         bottom.set_xlabel("step" if by_step else f"{what} value, in the order logged")
@@ -76,6 +93,7 @@ def plot(comparison: CurveComparison, path: str | Path, what: str = "metric") ->
 
 def title(comparison: CurveComparison, what: str = "metric") -> str:
     """The outcome in words: which runs agree with the first, where each other one parts."""
+    comparison = shortened(comparison)
     curves = comparison.curves
     by_step = _by_step(curves)
     parts = _parts(curves)

@@ -12,6 +12,7 @@ from detctx._cli.curves import (
     compare,
     digits_text,
     printed_digits,
+    shortened,
 )
 from detctx._cli.hints import different_start
 
@@ -29,8 +30,10 @@ def describe(comparison: CurveComparison, what: str = "metric") -> str:
 
     Curves of different lengths (a run that stopped early, a truncated log)
     differ; the summary says where the shorter ones end, and how the points
-    all curves have compare.
+    all curves have compare. Files are named by what tells them apart
+    (:func:`~detctx._cli.curves.short_names`).
     """
+    comparison = shortened(comparison)
     curves = comparison.curves
     lines = []
     counts = ", ".join(f"{curve.name}: {len(curve.points)}" for curve in curves)
@@ -140,15 +143,18 @@ def _parting(curves: Sequence[Curve], index: int) -> str:
 def _table(curves: Sequence[Curve], start: int, stop: int) -> str:
     reference = curves[0].points
     columns = []
+    marks = set()
     for curve in curves:
         cells = [curve.name]
         for index in range(start, stop):
             if index >= len(curve.points):
                 cells.append("-")
+                marks.add("-")
                 continue
             point = curve.points[index]
             same = index < len(reference) and same_float(reference[index].value, point.value)
             cells.append(point.text + ("" if same else " *"))
+            marks.update(() if same else "*")
         columns.append(cells)
     widths = [max(len(cell) for cell in cells) for cells in columns]
     labels = ["point", *(str(index + 1) for index in range(start, stop))]
@@ -156,5 +162,8 @@ def _table(curves: Sequence[Curve], start: int, stop: int) -> str:
         f"  {label:>5}  " + "  ".join(cells[row].ljust(w) for cells, w in zip(columns, widths))
         for row, label in enumerate(labels)
     ]
-    rows.append("  (* differs from the first curve)")
+    legend = {"*": "* differs from the first curve", "-": "- the curve has no such point"}
+    shown = [text for mark, text in legend.items() if mark in marks]
+    if shown:
+        rows.append(f"  ({'; '.join(shown)})")
     return "\n".join(row.rstrip() for row in rows)
