@@ -92,7 +92,7 @@ LAYERS: list[set[str]] = [
     {"_blocks"},
     {"distributed"},
     {"_data", "_locate"},
-    {"_proving"},
+    {"_proving", "_compare"},
     {"integrations"},
     {"pytest_plugin", "_cli"},
     {"__main__"},

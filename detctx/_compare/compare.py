@@ -1,0 +1,254 @@
+"""Compare one rank's traces within tolerance: each op's estimated error, and whether it is
+the origin of the error or inherited it through the data flow.
+
+**Error.** For each output of B paired with an output of A, the estimated
+relative error is ``||a - b|| / max(||a||, ||b||)``, ``||a - b||`` from the
+sketches (:mod:`detctx._compare.sketch`), the norms exact. Outputs whose
+digests are equal have error 0. A different count of NaNs or Infs is an
+infinite error. An op's error is its outputs' largest.
+
+**Pairs.** An op of B paired with an op of A (:mod:`detctx._compare.align`)
+compares output with output. An op without a partner (the math kernel's
+``bmm`` where A ran the flash kernel) is compared where its value leaves it:
+when a paired op reads it, B's value is compared with the value the partner
+read in A, whichever A op made it. So a module whose ops do not pair is
+still compared at its outputs.
+
+**Origin or inherited.** An op is *past tolerance* when its estimated error
+``||a - b||`` exceeds ``atol * sqrt(n) + rtol * ||a||`` (per dtype,
+:data:`TOLERANCES`). Its *input error* is the largest error among the
+values it reads, as the earlier recorded ops that made them measured them
+(through an op without an estimate, the largest of that op's own inputs,
+and so on up the flow; 0 for data no recorded op made). An op past
+tolerance is an *origin* when its error is more than :data:`GROWTH` times
+its input error: its inputs do not explain it, so it arose in the op itself
+(or in data from outside the recorded ops). Otherwise it *inherited* its
+error: an input was past tolerance already, or the op amplified its
+inputs' small errors past the line (a sum that cancels, such as a bias
+gradient, makes a relative error larger), which is how rounding noise
+accumulates, not a fault of the op. The first origin in B's order is the
+one reported; a run whose ops all inherited their error has no origin (the
+error grew step by step).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Final
+
+import numpy as np
+
+from detctx._compare.align import Alignment, align
+from detctx._compare.format import Trace
+from detctx._compare.sketch import SKETCH, STATISTICS, estimate_difference
+
+__all__ = ["TOLERANCES", "RankComparison", "compare_rank", "tolerance_of"]
+
+TOLERANCES: Final[dict[str, tuple[float, float]]] = {
+    "float64": (1e-9, 1e-200),
+    "float32": (1e-4, 1e-30),
+    "complex64": (1e-4, 1e-30),
+    "complex128": (1e-9, 1e-200),
+    "float16": (5e-3, 1e-7),
+    "bfloat16": (4e-2, 1e-30),
+}
+"""``dtype -> (rtol, atol)``. Float32's 1e-4 is about 800 ulps of relative L2 error: kernel
+noise through a whole training step stays near 1e-6 (flash against math SDPA: 6.4e-7 in
+the gradients), and a float32 tensor rounded to bfloat16 (about 2**-9, 2e-3) is 20 times
+over it. ``atol`` (per element, RMS) only keeps tensors of zeros from dividing by zero: it
+sits near the bottom of each dtype's range, because real values can be tiny everywhere
+(AdamW's second moments of small gradients are about 1e-8 in float32). Integer and bool
+outputs (indices, masks) must be equal."""
+
+GROWTH: Final = 100.0
+"""How many times its inputs' largest error an op's own must be for it to be an origin.
+
+Kernel noise through a nanoGPT step stays within 1e-7..1e-5 (float32), where sums
+that cancel grow it a few times (a bias gradient: 2x); a multiply by 1.003 or a
+rounding to bfloat16 (3e-3, 2e-3) is 300x noise of 1e-5 and more."""
+_EXACT: Final = (0.0, 0.0)
+_TINY: Final = 1e-300
+_S: Final = len(STATISTICS)
+
+
+def tolerance_of(dtype: str, rtol: float | None, atol: float | None) -> tuple[float, float]:
+    """The tolerances of an output of ``dtype``; ``rtol``/``atol`` override floats'."""
+    default = TOLERANCES.get(dtype)
+    if default is None:
+        return _EXACT
+    return (default[0] if rtol is None else rtol, default[1] if atol is None else atol)
+
+
+@dataclass
+class RankComparison:
+    """One rank's comparison: per op of B its error, tolerance and kind."""
+
+    rank: int
+    a: Trace
+    b: Trace
+    alignment: Alignment
+    error: np.ndarray  # per op of B: estimated relative error, NaN when not estimated
+    tolerance: np.ndarray  # per op of B: the relative tolerance its worst output had
+    past: np.ndarray  # bool per op of B
+    origin: np.ndarray  # bool per op of B (past and not inherited)
+    input_error: np.ndarray  # per op of B: the largest error of the values it reads
+    at_outputs: np.ndarray  # bool per op of B: compared where its value leaves its module
+    bitwise: bool
+
+
+def _partners(a: Trace, b: Trace, alignment: Alignment) -> tuple[np.ndarray, np.ndarray]:
+    """For every output of B, the output of A it is compared with (or -1), and whether the
+    pair was found through the data flow."""
+    partner_op = alignment.partner
+    value_partner = np.full(len(b.values), -1, dtype=np.int64)
+    by_flow = np.zeros(len(b.values), dtype=bool)
+    paired = np.flatnonzero(partner_op >= 0)
+    same = paired[b.ops["outputs"][paired] == a.ops["outputs"][partner_op[paired]]]
+    counts = b.ops["outputs"][same].astype(np.int64)
+    if len(same):
+        offsets = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+        value_partner[np.repeat(b.first_value[same], counts) + offsets] = (
+            np.repeat(a.first_value[partner_op[same]], counts) + offsets
+        )
+    readers = paired[b.ops["inputs"][paired] == a.ops["inputs"][partner_op[paired]]]
+    counts = b.ops["inputs"][readers].astype(np.int64)
+    if len(readers) and counts.sum():
+        offsets = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+        made_b = b.inputs[np.repeat(b.first_input[readers], counts) + offsets]
+        made_a = a.inputs[np.repeat(a.first_input[partner_op[readers]], counts) + offsets]
+        useful = (made_b["op"] >= 0) & (made_a["op"] >= 0)
+        made_b, made_a = made_b[useful], made_a[useful]
+        useful = partner_op[made_b["op"]] != made_a["op"]
+        made_b, made_a = made_b[useful], made_a[useful]
+        vb = b.first_value[made_b["op"]] + made_b["output"].astype(np.int64)
+        va = a.first_value[made_a["op"]] + made_a["output"].astype(np.int64)
+        vb, first = np.unique(vb, return_index=True)
+        va = va[first]
+        keep = [
+            _same_order(a.text(int(x)), b.text(int(y)))
+            for x, y in zip(a.values["shape"][va], b.values["shape"][vb])
+        ]
+        vb, va = vb[np.array(keep, dtype=bool)], va[np.array(keep, dtype=bool)]
+        free = value_partner[vb] < 0
+        value_partner[vb[free]] = va[free]
+        by_flow[vb[free]] = True
+    return value_partner, by_flow
+
+
+@functools.lru_cache(maxsize=4096)
+def _same_order(shape_a: str, shape_b: str) -> bool:
+    """Whether two shapes can hold the same elements in the same logical order: one is the
+    other with dimensions merged (``[16, 32, 16]`` and ``[4, 4, 32, 16]``), not permuted
+    (the math kernel's ``[4, 4, 16, 32]`` gradient of a transposed key)."""
+    if shape_a == shape_b:
+        return True
+    sizes = []
+    for text in (shape_a, shape_b):
+        dims = [int(d) for d in text.strip("[]").split(",") if d.strip()]
+        products, total = set(), 1
+        for dim in reversed([d for d in dims if d != 1]):
+            total *= dim
+            products.add(total)
+        sizes.append(products)
+    return max(sizes[0], default=1) == max(sizes[1], default=1) and (
+        sizes[0] <= sizes[1] or sizes[1] <= sizes[0]
+    )
+
+
+def compare_rank(
+    rank: int, a: Trace, b: Trace, rtol: float | None, atol: float | None
+) -> RankComparison:
+    alignment = align(a, b)
+    partner, by_flow = _partners(a, b, alignment)
+    stats_b = b.values["stats"]
+    has = partner >= 0
+    stats_a = np.zeros_like(stats_b)
+    stats_a[has] = a.values["stats"][partner[has]]
+    has &= stats_a[:, 0] == stats_b[:, 0]  # the same number of elements
+    difference = estimate_difference(stats_a[:, _S : _S + SKETCH], stats_b[:, _S : _S + SKETCH])
+    norm_a, norm_b = stats_a[:, 6], stats_b[:, 6]
+    scale = np.maximum(np.maximum(np.abs(norm_a), np.abs(norm_b)), _TINY)
+    with np.errstate(invalid="ignore"):
+        error = np.where(has, difference / scale, np.nan)
+        nonfinite = (stats_a[:, 1:3] != stats_b[:, 1:3]).any(axis=1)
+        error[has & nonfinite] = np.inf
+    dtypes = np.array(b.strings, dtype=object)[b.values["dtype"]] if len(b.values) else []
+    table = {name: tolerance_of(name, rtol, atol) for name in set(dtypes)}
+    rtols = np.array([table[name][0] for name in dtypes], dtype=np.float64)
+    atols = np.array([table[name][1] for name in dtypes], dtype=np.float64)
+    allowed = (atols * np.sqrt(stats_b[:, 0]) + rtols * np.abs(norm_a)) / scale
+    # Equal digests: the op's outputs are the same bits, whatever the sketch's rounding.
+    op_partner = alignment.partner
+    owner = np.repeat(np.arange(len(b)), b.ops["outputs"].astype(np.int64))
+    paired_owner = op_partner[owner]
+    same_bits = (paired_owner >= 0) & ~by_flow
+    if same_bits.any():
+        ops_a = a.ops[np.maximum(paired_owner, 0)]
+        ops_b = b.ops[owner]
+        same_bits &= (ops_a["high"] == ops_b["high"]) & (ops_a["low"] == ops_b["low"])
+    error[same_bits & has] = 0.0
+    with np.errstate(invalid="ignore"):
+        over = has & (error > allowed)
+    op_error, op_tolerance = _per_op(b, error, allowed)
+    past = np.zeros(len(b), dtype=bool)
+    np.logical_or.at(past, owner, over)
+    estimated = np.zeros(len(b), dtype=bool)
+    np.logical_or.at(estimated, owner, has)
+    at_outputs = np.zeros(len(b), dtype=bool)
+    np.logical_or.at(at_outputs, owner, by_flow & has)
+    origin, input_error = _origins(b, op_error, past, estimated)
+    bitwise = (
+        len(a) == len(b)
+        and alignment.aligned == len(b)
+        and bool((a.ops["high"][op_partner] == b.ops["high"]).all())
+        and bool((a.ops["low"][op_partner] == b.ops["low"]).all())
+    )
+    return RankComparison(
+        rank,
+        a,
+        b,
+        alignment,
+        op_error,
+        op_tolerance,
+        past,
+        origin,
+        input_error,
+        at_outputs,
+        bitwise,
+    )
+
+
+def _per_op(b: Trace, error: np.ndarray, allowed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each op's largest output error and the tolerance of that output."""
+    op_error = np.full(len(b), np.nan)
+    op_tolerance = np.full(len(b), np.nan)
+    starts = b.first_value
+    for index in np.flatnonzero(b.ops["outputs"] > 0).tolist():
+        part = error[starts[index] : starts[index + 1]]
+        if np.isnan(part).all():
+            continue
+        worst = int(np.nanargmax(part))
+        op_error[index] = part[worst]
+        op_tolerance[index] = allowed[starts[index] + worst]
+    return op_error, op_tolerance
+
+
+def _origins(
+    b: Trace, error: np.ndarray, past: np.ndarray, estimated: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Which ops past tolerance are origins, and every op's input error (see the module's
+    docstring)."""
+    carried = np.where(estimated, np.nan_to_num(error, nan=0.0), 0.0)  # what it hands on
+    received = np.zeros(len(b))
+    producers = b.inputs["op"].tolist()
+    starts = b.first_input.tolist()
+    for index in range(len(b)):
+        made = [p for p in producers[starts[index] : starts[index + 1]] if p >= 0]
+        if made:
+            received[index] = max(carried[p] for p in made)
+            if not estimated[index]:
+                carried[index] = received[index]
+    with np.errstate(invalid="ignore"):
+        origin = past & (error > GROWTH * received)
+    return origin, received

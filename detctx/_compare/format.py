@@ -1,0 +1,342 @@
+"""Statistics traces on disk: a header with the environment, then checked chunks of rows.
+
+A trace is :data:`MAGIC`, a format version, a JSON header (the environment
+and the sketch's shape), then chunks. A chunk is a kind byte, its length and
+CRC-32, a JSON prefix (the strings first used in it, its row counts) and
+three arrays of fixed-size little-endian rows: ops (:data:`OP`), their
+outputs' statistics (:data:`VALUE`) and their inputs' producers
+(:data:`INPUT`, the data flow). An end chunk holds the totals, so a trace
+cut short (a run killed before it closed it) is told from a complete one.
+Nothing in it depends on the torch release that wrote it: names are
+strings, numbers are NumPy rows.
+
+Traces are untrusted input: :func:`read_trace` checks every byte (lengths,
+CRCs, every string and row number, every producer being an earlier op) and
+raises :class:`~detctx.TraceError` naming the file and byte offset.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from pathlib import Path
+from typing import Any, BinaryIO, Final
+
+import numpy as np
+
+from detctx._basics import TraceError
+from detctx._compare.sketch import COLUMNS, SIGNS, SKETCH, STATISTICS
+
+__all__ = ["INPUT", "MAGIC", "OP", "VALUE", "Trace", "TraceWriter", "is_trace", "read_trace"]
+
+MAGIC: Final = b"DETCTXST"
+VERSION: Final = 1
+FORMAT: Final = "detctx statistics trace"
+OP: Final = np.dtype(
+    [
+        ("op", "<u4"),
+        ("module", "<u4"),
+        ("source", "<u4"),
+        ("node", "<u4"),
+        ("outputs", "<u4"),
+        ("inputs", "<u4"),
+        ("high", "<u8"),
+        ("low", "<u8"),
+    ]
+)
+VALUE: Final = np.dtype(
+    [("dtype", "<u4"), ("shape", "<u4"), ("stats", "<f8", (len(STATISTICS) + SKETCH,))]
+)
+INPUT: Final = np.dtype([("op", "<i8"), ("output", "<u4")])
+_START: Final = struct.Struct("<8sII")
+_CHUNK: Final = struct.Struct("<cQI")
+_PREFIX: Final = struct.Struct("<I")
+_ROWS: Final = 4096
+_MAX_HEADER: Final = 1 << 20
+_MAX_STRING: Final = 4096
+
+
+class TraceWriter:
+    """Writes rows to ``path`` a chunk at a time; :meth:`close` writes the end chunk."""
+
+    def __init__(self, path: Path, header: dict[str, Any]) -> None:
+        self.path = path
+        # Unbuffered: a forked child that abandons the trace has no buffer to flush at exit.
+        self._file: BinaryIO | None = open(path, "xb", buffering=0)
+        text = json.dumps(
+            {"format": FORMAT, "sketch": [SIGNS, COLUMNS], **header}, sort_keys=True
+        ).encode()
+        self._file.write(_START.pack(MAGIC, VERSION, len(text)) + text)
+        self._strings: dict[str, int] = {}
+        self._new: list[str] = []
+        self._ops: list[tuple[int, ...]] = []
+        self._values: list[tuple[int, int, np.ndarray]] = []
+        self._inputs: list[tuple[int, int]] = []
+        self.totals = [0, 0, 0]
+
+    def string(self, text: str) -> int:
+        number = self._strings.get(text)
+        if number is None:
+            number = self._strings[text] = len(self._strings)
+            self._new.append(text[:_MAX_STRING])
+        return number
+
+    def add(
+        self,
+        where: tuple[int, int, int, int],
+        digest: int,
+        values: list[tuple[int, int, np.ndarray]],
+        inputs: list[tuple[int, int]],
+    ) -> None:
+        """One op: its (op, module, source, node) strings, digest, outputs and producers."""
+        self._ops.append((*where, len(values), len(inputs), digest >> 64, digest & (2**64 - 1)))
+        self._values.extend(values)
+        self._inputs.extend(inputs)
+        if len(self._ops) >= _ROWS:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._file is None or not (self._ops or self._new):
+            return
+        ops = np.array(self._ops, dtype=np.uint64).reshape(-1, 8)
+        op_rows = np.zeros(len(ops), dtype=OP)
+        for column, name in enumerate(OP.names or ()):
+            op_rows[name] = ops[:, column]
+        value_rows = np.zeros(len(self._values), dtype=VALUE)
+        if self._values:
+            value_rows["dtype"] = [value[0] for value in self._values]
+            value_rows["shape"] = [value[1] for value in self._values]
+            value_rows["stats"] = np.stack([value[2] for value in self._values])
+        input_rows = np.array(self._inputs, dtype=INPUT)
+        counts = [len(op_rows), len(value_rows), len(input_rows)]
+        prefix = json.dumps({"strings": self._new, "rows": counts}).encode()
+        payload = b"".join(
+            [
+                _PREFIX.pack(len(prefix)),
+                prefix,
+                op_rows.tobytes(),
+                value_rows.tobytes(),
+                input_rows.tobytes(),
+            ]
+        )
+        self._write(b"B", payload)
+        self.totals = [total + count for total, count in zip(self.totals, counts)]
+        self._new, self._ops, self._values, self._inputs = [], [], [], []
+
+    def _write(self, kind: bytes, payload: bytes) -> None:
+        assert self._file is not None
+        self._file.write(_CHUNK.pack(kind, len(payload), zlib.crc32(payload)) + payload)
+
+    def abandon(self) -> None:
+        """Write nothing more (a forked child's copy of the writer)."""
+        self._file = None
+        self._ops, self._values, self._inputs, self._new = [], [], [], []
+
+    def close(self) -> None:
+        if self._file is None:
+            return
+        try:
+            self.flush()
+            self._write(b"E", json.dumps({"rows": self.totals}).encode())
+        finally:
+            self._file.close()
+            self._file = None
+
+
+class Trace:
+    """A trace read back: environment, strings and the three row arrays, all checked."""
+
+    def __init__(
+        self,
+        path: Path,
+        header: dict[str, Any],
+        strings: list[str],
+        ops: np.ndarray,
+        values: np.ndarray,
+        inputs: np.ndarray,
+    ) -> None:
+        self.path = path
+        self.header = header
+        self.environment: dict[str, Any] = header["environment"]
+        self.strings = strings
+        self.ops = ops
+        self.values = values
+        self.inputs = inputs
+        self.first_value = np.concatenate([[0], np.cumsum(ops["outputs"], dtype=np.int64)])
+        self.first_input = np.concatenate([[0], np.cumsum(ops["inputs"], dtype=np.int64)])
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    def text(self, number: int) -> str:
+        return self.strings[number]
+
+
+def is_trace(path: Path) -> bool:
+    """Whether ``path`` is a statistics trace or a folder of them, by its header."""
+    if path.is_dir():
+        return any(is_trace(child) for child in sorted(path.glob("rank*.trace")))
+    try:
+        with open(path, "rb") as stream:
+            return stream.read(len(MAGIC)) == MAGIC
+    except OSError:
+        return False
+
+
+def read_trace(path: Path) -> Trace:
+    """Read and check the trace at ``path``; :class:`~detctx.TraceError` when it is not one."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise TraceError(f"cannot read trace {path}: {exc.strerror or exc}") from None
+    return _Reader(Path(path), data).read()
+
+
+class _Reader:
+    def __init__(self, path: Path, data: bytes) -> None:
+        self.path, self.data, self.at = path, data, 0
+
+    def fail(self, why: str) -> TraceError:
+        return TraceError(f"trace {self.path}: {why} at byte {self.at}; record it again")
+
+    def take(self, size: int, what: str) -> bytes:
+        if size > len(self.data) - self.at:
+            raise self.fail(
+                f"cut short in {what} (the run may have been killed before its trace was closed)"
+            )
+        part = self.data[self.at : self.at + size]
+        self.at += size
+        return part
+
+    def json_of(self, raw: bytes, what: str) -> Any:
+        try:
+            return json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            raise self.fail(f"its {what} is not JSON") from None
+
+    def read(self) -> Trace:
+        if len(self.data) < _START.size or self.data[: len(MAGIC)] != MAGIC:
+            raise TraceError(f"{self.path} is not a detctx statistics trace (no header)")
+        _, version, size = _START.unpack(self.take(_START.size, "the header"))
+        if version != VERSION:
+            raise self.fail(f"format version {version}, this detctx reads {VERSION}")
+        if size > _MAX_HEADER:
+            raise self.fail(f"a header of {size} bytes (at most {_MAX_HEADER})")
+        header = self.json_of(self.take(size, "the header"), "header")
+        self.check_header(header)
+        strings: list[str] = []
+        parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        totals = [0, 0, 0]
+        while True:
+            if self.at == len(self.data):
+                raise self.fail(
+                    "cut short: no end marker (the run may have been killed "
+                    "before its trace was closed)"
+                )
+            kind, length, crc = _CHUNK.unpack(self.take(_CHUNK.size, "a chunk header"))
+            start = self.at
+            payload = self.take(length, "a chunk")
+            if zlib.crc32(payload) != crc:
+                self.at = start
+                raise self.fail("a chunk whose CRC does not match (the file is damaged)")
+            if kind == b"E":
+                end = self.json_of(payload, "end marker")
+                if not isinstance(end, dict) or end.get("rows") != totals:
+                    raise self.fail("an end marker whose totals do not match the rows")
+                if self.at != len(self.data):
+                    raise self.fail("bytes after the end marker")
+                break
+            if kind != b"B":
+                self.at = start
+                raise self.fail(f"an unknown chunk kind {kind!r}")
+            parts.append(self.chunk(payload, start, strings, totals))
+        ops, values, inputs = (
+            np.concatenate([part[k] for part in parts]) if parts else np.zeros(0, dtype)
+            for k, dtype in enumerate((OP, VALUE, INPUT))
+        )
+        self.check_rows(ops, values, inputs, len(strings))
+        return Trace(self.path, header, strings, ops, values, inputs)
+
+    def check_header(self, header: Any) -> None:
+        if not isinstance(header, dict) or header.get("format") != FORMAT:
+            raise self.fail("a header that is not a statistics trace's")
+        if header.get("sketch") != [SIGNS, COLUMNS]:
+            raise self.fail(f"a sketch of shape {header.get('sketch')!r}, not {[SIGNS, COLUMNS]}")
+        environment = header.get("environment")
+        if not isinstance(environment, dict) or not all(
+            isinstance(key, str) and (value is None or isinstance(value, (str, int, float)))
+            for key, value in environment.items()
+        ):
+            raise self.fail("an environment that is not a table of names to plain values")
+        for key in ("rank", "world_size"):
+            if not isinstance(header.get(key), int) or header[key] < 0:
+                raise self.fail(f"a {key} that is not a non-negative integer")
+
+    def chunk(
+        self, payload: bytes, start: int, strings: list[str], totals: list[int]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        self.at = start
+        if len(payload) < _PREFIX.size:
+            raise self.fail("a chunk too short for its prefix")
+        (size,) = _PREFIX.unpack_from(payload)
+        if size > len(payload) - _PREFIX.size:
+            raise self.fail("a chunk prefix longer than its chunk")
+        prefix = self.json_of(payload[_PREFIX.size : _PREFIX.size + size], "chunk prefix")
+        new, counts = (
+            (prefix.get("strings"), prefix.get("rows"))
+            if isinstance(prefix, dict)
+            else (None, None)
+        )
+        if not isinstance(new, list) or not all(
+            isinstance(text, str) and len(text) <= _MAX_STRING for text in new
+        ):
+            raise self.fail("a chunk whose strings are not a list of short strings")
+        if not (
+            isinstance(counts, list)
+            and len(counts) == 3
+            and all(isinstance(c, int) and c >= 0 for c in counts)
+        ):
+            raise self.fail("a chunk whose row counts are not three non-negative integers")
+        sizes = [count * dtype.itemsize for count, dtype in zip(counts, (OP, VALUE, INPUT))]
+        if _PREFIX.size + size + sum(sizes) != len(payload):
+            raise self.fail("a chunk whose length does not match its row counts")
+        strings.extend(new)
+        offset = _PREFIX.size + size
+        arrays = []
+        for count, dtype in zip(counts, (OP, VALUE, INPUT)):
+            arrays.append(np.frombuffer(payload, dtype, count, offset))
+            offset += count * dtype.itemsize
+        for index, count in enumerate(counts):
+            totals[index] += count
+        self.at = start + len(payload)
+        return arrays[0], arrays[1], arrays[2]
+
+    def check_rows(
+        self, ops: np.ndarray, values: np.ndarray, inputs: np.ndarray, strings: int
+    ) -> None:
+        for name in ("op", "module", "source", "node"):
+            if len(ops) and int(ops[name].max()) >= strings:
+                raise self.fail(f"an op whose {name} names no string")
+        if int(ops["outputs"].sum()) != len(values) or int(ops["inputs"].sum()) != len(inputs):
+            raise self.fail("ops whose output or input counts do not add up to the rows")
+        for name in ("dtype", "shape"):
+            if len(values) and int(values[name].max()) >= strings:
+                raise self.fail(f"an output whose {name} names no string")
+        stats = values["stats"]
+        counts = stats[:, :3]
+        if len(values) and (
+            not np.isfinite(counts).all()
+            or (counts < 0).any()
+            or (counts != np.floor(counts)).any()
+            or (counts[:, 1:].sum(axis=1) > counts[:, 0]).any()
+        ):
+            raise self.fail("an output whose element, NaN or Inf counts are not counts")
+        if len(inputs):
+            owner = np.repeat(np.arange(len(ops)), ops["inputs"].astype(np.int64))
+            producer = inputs["op"]
+            if ((producer < -1) | (producer >= owner)).any():
+                raise self.fail("an input said to come from an op that did not run before it")
+            made = producer >= 0
+            if (inputs["output"][made] >= ops["outputs"][producer[made]]).any():
+                raise self.fail("an input said to be an output its producer does not have")

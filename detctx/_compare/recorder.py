@@ -1,0 +1,235 @@
+"""Record, per ATen op, what a tolerance compare needs: where it ran, its outputs'
+statistics and sketches, their digest, and which earlier op made each input.
+
+A ``TorchDispatchMode`` (torch's private ``torch.utils._python_dispatch``, looked
+up through :mod:`detctx._locate`) sees every op below autograd, forward and
+backward. Ops that make no new values (views, copies, constants; locate's
+``OpInfo.skip``) are not recorded, as in locate. Each recorded op gets its
+module path and source line from locate's machinery (a backward op carries
+its forward op's, kept in the autograd node's ``metadata``), the statistics
+row of each output (:mod:`detctx._compare.sketch`), the digest of its
+outputs (locate's, so ``bitwise`` means what locate's "same bits" means)
+and, for each tensor it reads, the op and output that last wrote the
+tensor's memory: the data flow. A view reads the memory its base was
+written to; a copy (``clone``) passes its source's producer on; memory
+written by no recorded op (parameters from before the recording, a batch
+from NumPy) has no producer.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any, Final
+
+import numpy as np
+import torch
+
+from detctx._compare.format import TraceWriter
+from detctx._compare.sketch import SKETCH, STATISTICS, statistics
+from detctx._locate import (
+    INFOS,
+    UNKNOWN,
+    ModuleTracker,
+    OpInfo,
+    combine_digests,
+    digest,
+    dispatch_mode_class,
+    user_line,
+    user_line_in_backward,
+)
+
+__all__ = ["StatisticsRecorder"]
+
+_KEY: Final = "detctx._compare"
+_PASSED_ON: Final = frozenset({"aten::clone", "aten::select_backward", "aten::slice_backward"})
+"""Skipped ops whose output holds their first input's bits: its producer is passed on."""
+_UNREADABLE: Final = np.concatenate([np.zeros(3), np.full(len(STATISTICS) - 3 + SKETCH, np.nan)])
+
+
+@functools.cache
+def _mode_class() -> type[Any]:
+    base = dispatch_mode_class()
+
+    class StatisticsMode(base):  # type: ignore[misc, valid-type]
+        def __init__(self, recorder: StatisticsRecorder) -> None:
+            super().__init__()
+            self.recorder = recorder
+
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            return False  # as locate's mode: nothing here is compiled
+
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+        ) -> Any:
+            return self.recorder.dispatch(func, args, kwargs or {})
+
+    return StatisticsMode
+
+
+_recording: weakref.WeakSet[StatisticsRecorder] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    # A forked child (a DataLoader worker) must not write into its parent's trace.
+    for recorder in list(_recording):
+        recorder.abandon()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _key(tensor: torch.Tensor) -> int | None:
+    try:
+        pointer = tensor.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError, AttributeError):
+        return None
+    return pointer or None
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [item for item in value if isinstance(item, torch.Tensor)]
+    return []
+
+
+class StatisticsRecorder:
+    """Records ops into ``writer`` between :meth:`start` and :meth:`stop`."""
+
+    def __init__(self, writer: TraceWriter) -> None:
+        self.writer = writer
+        self.modules = ModuleTracker()
+        self.count = 0
+        self._mode: Any = None
+        self._thread = 0
+        self._pending: tuple[list[torch.Tensor], tuple[str, str]] | None = None
+        self._producers: dict[int, tuple[int, int]] = {}
+        self._current_node: Callable[[], Any] | None = getattr(
+            torch._C, "_current_autograd_node", None
+        )
+
+    def start(self) -> None:
+        mode_class = _mode_class()
+        self.modules.start()
+        try:
+            self._mode = mode_class(self)
+            self._mode.__enter__()
+        except BaseException:
+            self.modules.stop()
+            self._mode = None
+            raise
+        self._thread = threading.get_ident()
+        _recording.add(self)
+
+    def stop(self) -> None:
+        mode, self._mode = self._mode, None
+        if mode is None:
+            return
+        _recording.discard(self)
+        try:
+            mode.__exit__(None, None, None)
+        finally:
+            self.modules.stop()
+            self._annotate()
+            self._producers.clear()
+
+    def abandon(self) -> None:
+        """Stop in a forked child: nothing more is written."""
+        mode, self._mode = self._mode, None
+        _recording.discard(self)
+        self.writer.abandon()
+        self.modules.stop()
+        if mode is not None and self._thread == threading.get_ident():
+            mode.__exit__(None, None, None)
+
+    def _annotate(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        outputs, where = pending
+        for tensor in outputs:
+            node = tensor.grad_fn
+            metadata = getattr(node, "metadata", None) if node is not None else None
+            if isinstance(metadata, dict):
+                metadata.setdefault(_KEY, where)
+
+    def _producer(self, tensor: torch.Tensor) -> tuple[int, int]:
+        key = _key(tensor)
+        found = self._producers.get(key) if key is not None else None
+        return found if found is not None else (-1, 0)
+
+    def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        info = INFOS.get(func)
+        if info is None:
+            info = INFOS[func] = OpInfo(func)
+        if self._pending is not None:
+            self._annotate()
+        read = [t for value in (*args, *kwargs.values()) for t in _tensors(value)]
+        if info.skip:
+            result = info.call(*args, **kwargs)
+            self._pass_on(info.name, read, _tensors(result))
+            return result
+        inputs = [self._producer(tensor) for tensor in read]
+        result = info.call(*args, **kwargs)
+        outputs = [result] if type(result) is torch.Tensor else _tensors(result)
+        for index, name in info.written:
+            argument = args[index] if index < len(args) else kwargs.get(name)
+            outputs.extend(t for t in _tensors(argument) if not any(t is o for o in outputs))
+        if not outputs:
+            return result
+        where = self._where(outputs)
+        writer = self.writer
+        values = []
+        digests = []
+        for position, tensor in enumerate(outputs):
+            row = statistics(tensor)
+            values.append(
+                (
+                    writer.string(str(tensor.dtype).removeprefix("torch.")),
+                    writer.string(str(list(tensor.shape))),
+                    _UNREADABLE if row is None else row,
+                )
+            )
+            digests.append(digest(tensor) or 0)
+            key = _key(tensor)
+            if key is not None:
+                self._producers[key] = (self.count, position)
+        strings = (writer.string(info.name), *(writer.string(part) for part in where))
+        writer.add(strings, combine_digests(digests), values, inputs)  # type: ignore[arg-type]
+        self.count += 1
+        return result
+
+    def _where(self, outputs: list[torch.Tensor]) -> tuple[str, str, str]:
+        """Module path, source line and autograd node (``""`` in the forward pass)."""
+        node = self._current_node() if self._current_node is not None else None
+        if node is not None:
+            metadata = getattr(node, "metadata", None)
+            forward = metadata.get(_KEY) if isinstance(metadata, dict) else None
+            module_path, source = forward if forward is not None else ("", UNKNOWN)
+            return module_path, user_line_in_backward(4) or source, node.name()
+        where = (self.modules.current(), user_line(4))
+        if torch.is_grad_enabled():
+            self._pending = (outputs, where)
+        return (*where, "")
+
+    def _pass_on(self, name: str, read: list[torch.Tensor], made: list[torch.Tensor]) -> None:
+        """A skipped op's new memory: its source's producer (a copy) or none (a constant)."""
+        if not made:
+            return
+        source = self._producer(read[0]) if name in _PASSED_ON and read else None
+        known = {_key(tensor) for tensor in read}
+        for tensor in made:
+            key = _key(tensor)
+            if key is None or key in known:
+                continue  # a view: the memory keeps its producer
+            if source is None or source[0] < 0:
+                self._producers.pop(key, None)
+            else:
+                self._producers[key] = source

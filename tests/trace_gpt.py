@@ -1,0 +1,127 @@
+"""A nanoGPT-style training step for the across-environments tests and docs.
+
+Token and position embeddings, pre-norm blocks of causal self-attention
+(``F.scaled_dot_product_attention``) and a GELU MLP, a head, cross-entropy,
+AdamW. ``--sdpa math`` runs every attention through SDPA's math kernel (CPU's
+default is its flash kernel); ``--scale-layer N`` multiplies layer N's MLP
+activations by 1.003, the change the tests expect to be found.
+
+    python tests/trace_gpt.py [--sdpa math] [--scale-layer 1] [--steps 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+WIDTH, LAYERS, HEADS, CONTEXT, BATCH, VOCAB = 64, 2, 4, 32, 4, 65
+SCALE_LINE = "x = x * 1.003"
+
+
+class Attention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c_attn = nn.Linear(WIDTH, 3 * WIDTH)
+        self.c_proj = nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, width = x.shape
+        q, k, v = self.c_attn(x).split(width, dim=2)
+        q, k, v = (t.view(batch, length, HEADS, -1).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(batch, length, width))
+
+
+class MLP(nn.Module):
+    def __init__(self, *, scaled: bool) -> None:
+        super().__init__()
+        self.c_fc = nn.Linear(WIDTH, 4 * WIDTH)
+        self.gelu = nn.GELU()
+        self.c_proj = nn.Linear(4 * WIDTH, WIDTH)
+        self.scaled = scaled
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.gelu(self.c_fc(x))
+        if self.scaled:
+            x = x * 1.003
+        return self.c_proj(x)
+
+
+class Block(nn.Module):
+    def __init__(self, *, scaled: bool) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(WIDTH)
+        self.attn = Attention()
+        self.ln_2 = nn.LayerNorm(WIDTH)
+        self.mlp = MLP(scaled=scaled)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, scale_layer: int | None = None) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(VOCAB, WIDTH)
+        self.wpe = nn.Embedding(CONTEXT, WIDTH)
+        self.h = nn.ModuleList(Block(scaled=index == scale_layer) for index in range(LAYERS))
+        self.ln_f = nn.LayerNorm(WIDTH)
+        self.lm_head = nn.Linear(WIDTH, VOCAB)
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        x = self.wte(tokens) + self.wpe(torch.arange(tokens.shape[1]))
+        for block in self.h:
+            x = block(x)
+        logits = self.lm_head(self.ln_f(x))
+        return F.cross_entropy(logits.view(-1, VOCAB), targets.reshape(-1))
+
+
+@contextlib.contextmanager
+def sdpa(kernel: str) -> Iterator[None]:
+    """SDPA's math kernel for ``"math"``, torch's choice (flash on a CPU) otherwise."""
+    if kernel != "math":
+        yield
+        return
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:  # torch before 2.3
+        with torch.backends.cuda.sdp_kernel(enable_flash=False, enable_mem_efficient=False):
+            yield
+        return
+    with sdpa_kernel(SDPBackend.MATH):
+        yield
+
+
+def train(*, steps: int = 2, kernel: str = "flash", scale_layer: int | None = None) -> float:
+    """``steps`` AdamW steps from seed 0; the last loss."""
+    torch.manual_seed(0)
+    model = GPT(scale_layer)
+    optimiser = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    tokens = torch.randint(0, VOCAB, (steps, BATCH, CONTEXT + 1))
+    loss = torch.zeros(())
+    with sdpa(kernel):
+        for step in range(steps):
+            optimiser.zero_grad()
+            loss = model(tokens[step, :, :-1], tokens[step, :, 1:])
+            loss.backward()
+            optimiser.step()
+    return float(loss)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sdpa", default="flash", choices=["flash", "math"])
+    parser.add_argument("--scale-layer", type=int)
+    parser.add_argument("--steps", type=int, default=2)
+    args = parser.parse_args()
+    print(f"loss {train(steps=args.steps, kernel=args.sdpa, scale_layer=args.scale_layer)}")
+
+
+if __name__ == "__main__":
+    main()
