@@ -30,6 +30,7 @@ __all__ = [
     "loader_seed",
     "megatron_stage_seed",
     "megatron_tracker_seeds",
+    "mesh_seed",
     "node_seed",
     "parse_seed",
     "resolve_seed",
@@ -324,3 +325,14 @@ def megatron_tracker_seeds(
     expert-parallel states' seeds (``seed``, ``seed + 2718 + tp_rank``, ``seed + 1024 + 100 *
     ep_rank + etp_rank``)."""
     return seed, seed + 2718 + tp_rank, seed + 1024 + 100 * ep_rank + etp_rank
+
+
+def mesh_seed(seed: int, local_ranks: Sequence[int], sizes: Sequence[int]) -> int:
+    """torchtitan's ``set_determinism``: ``seed + sum(local_rank[i] * prod(sizes[:i]))`` over the
+    distinct mesh dims in order, taken modulo ``2**32`` where it would pass NumPy's limit
+    (torchtitan wraps at ``2**64``, as torch's seed does)."""
+    offset, stride = 0, 1
+    for local_rank, size in zip(local_ranks, sizes):
+        offset += local_rank * stride
+        stride *= size
+    return (seed + offset) % (MAX_SEED + 1)

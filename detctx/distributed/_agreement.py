@@ -35,6 +35,7 @@ from detctx.distributed._arrival import (
     ranks_by_label,
     ranks_text,
 )
+from detctx.distributed._mesh import MeshSeeds
 from detctx.distributed._topology import in_process_group, rank_and_size
 
 __all__ = [
@@ -51,7 +52,10 @@ __all__ = [
 
 _EXPLICIT, _DRAWN, _UNRESOLVED = 1, 0, -1
 # How a rank's seed comes from the agreed one: the third column of an agreement row.
-_SHARED, _PER_RANK, _MEGATRON_PP, _MEGATRON_PP_DP = 0, 1, 2, 3
+_SHARED, _PER_RANK, _MEGATRON_PP, _MEGATRON_PP_DP, _MESH = 0, 1, 2, 3, 4
+# A mesh's code also carries a fingerprint of the mesh and its distinct dims, in the bits
+# above these: ranks that disagree on either would draw from unrelated seeds.
+_CODE_BITS = 3
 _DERIVATION_TEXT = {
     _SHARED: "per_rank=False",
     _PER_RANK: "per_rank=True",
@@ -95,11 +99,23 @@ class MegatronSeeds:
         return megatron_stage_seed(seed, self.pp_rank, self.dp_rank)
 
 
-def _derivation(per_rank: bool, megatron_seeds: MegatronSeeds | None) -> int:
+RankSeeds = MegatronSeeds | MeshSeeds
+"""How each rank's seed comes from the agreed one, beyond ``per_rank``."""
+
+
+def _derivation(per_rank: bool, own: RankSeeds | None) -> int:
     """The derivation code a rank sends in its agreement row."""
-    if megatron_seeds is not None:
-        return _MEGATRON_PP if megatron_seeds.dp_rank is None else _MEGATRON_PP_DP
+    if isinstance(own, MeshSeeds):
+        return _MESH | own.fingerprint() << _CODE_BITS
+    if own is not None:
+        return _MEGATRON_PP if own.dp_rank is None else _MEGATRON_PP_DP
     return _PER_RANK if per_rank else _SHARED
+
+
+def _derivation_text(how: int) -> str:
+    if how & ((1 << _CODE_BITS) - 1) == _MESH:
+        return f"mesh= with distinct_dims (mesh and dims #{how >> _CODE_BITS:x})"
+    return _DERIVATION_TEXT.get(how, f"derivation {how}")
 
 
 def check_megatron_seeds(megatron_seeds: object, per_rank: object) -> MegatronSeeds | None:
@@ -129,7 +145,10 @@ class DistributedSeeding(Seeding):
     size to repeat the run. ``rank`` and ``world_size`` are within the block's
     group (0 and 1 outside a process group); ``group`` is that process group
     (``None``: the default group). ``megatron_seeds``: the
-    :class:`MegatronSeeds` this rank's seed was derived with, if any.
+    :class:`MegatronSeeds` this rank's seed was derived with, if any;
+    ``mesh_seeds``: likewise the ``DeviceMesh`` derivation (``mesh=``,
+    ``distinct_dims=``), whose ``distinct_dims``, ``local_ranks`` and
+    ``sizes`` say where this rank stands.
     """
 
     shared_seed: int
@@ -138,6 +157,7 @@ class DistributedSeeding(Seeding):
     per_rank: bool
     group: Any = field(default=None, repr=False, compare=False)
     megatron_seeds: MegatronSeeds | None = None
+    mesh_seeds: MeshSeeds | None = None
 
     def group_seed(self, **coordinates: int) -> int:
         """:func:`~detctx.group_seed` of the shared seed, e.g. ``run.group_seed(tp=0)``."""
@@ -147,6 +167,8 @@ class DistributedSeeding(Seeding):
         stream = "per-rank stream" if self.per_rank else "same stream on every rank"
         if self.megatron_seeds is not None:
             stream = f"Megatron's offsets ({self.megatron_seeds})"
+        if self.mesh_seeds is not None:
+            stream = f"distinct along {self.mesh_seeds.distinct_dims} of the mesh"
         return (
             f"{super().describe()}; rank {self.rank} of {self.world_size}, "
             f"shared seed {self.shared_seed}, {stream}"
@@ -219,7 +241,7 @@ def agree(
     group: Any,
     src: int,
     timeout: float = DEFAULT_TIMEOUT_S,
-    megatron_seeds: MegatronSeeds | None = None,
+    megatron_seeds: RankSeeds | None = None,
 ) -> Agreement:
     """Agree with the other ranks on the seed of one entry (arguments already checked)."""
     if not in_process_group():
@@ -254,9 +276,9 @@ def agree(
     return Agreement(_own_seed(shared, rank, per_rank, megatron_seeds), shared, rank, world_size)
 
 
-def _own_seed(shared: int, rank: int, per_rank: bool, megatron_seeds: MegatronSeeds | None) -> int:
-    if megatron_seeds is not None:
-        return megatron_seeds.seed_for(shared)
+def _own_seed(shared: int, rank: int, per_rank: bool, own: RankSeeds | None) -> int:
+    if own is not None:
+        return own.seed_for(shared)
     return derive_seed(shared, rank) if per_rank else shared
 
 
@@ -286,9 +308,9 @@ def decide(rows: list[list[int]], src_rank: int) -> int:
     if len(set(derivations)) > 1:
         raise SeedMismatchError(
             "the ranks disagree on how each rank's seed is derived: "
-            + grouped([_DERIVATION_TEXT.get(how, f"derivation {how}") for how in derivations])
-            + ". Pass the same per_rank and megatron_seeds (each with or without dp_rank) on "
-            "every rank.",
+            + grouped([_derivation_text(how) for how in derivations])
+            + ". Pass the same per_rank, megatron_seeds (each with or without dp_rank) and "
+            "mesh with distinct_dims on every rank.",
             seeds,
             per_rank,
         )

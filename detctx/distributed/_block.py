@@ -12,6 +12,7 @@ communicated and the block is a ``deterministic`` block of a single rank 0.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,7 @@ from detctx.distributed._agreement import (
     check_megatron_seeds,
 )
 from detctx.distributed._arrival import DEFAULT_TIMEOUT_S, check_timeout, timed_out
+from detctx.distributed._mesh import MeshSeeds, TrackerEntry, check_mesh_seeds
 from detctx.distributed._rank_check import verify_across_ranks, verify_on_exit
 from detctx.distributed._topology import warn_superpod
 
@@ -58,6 +60,7 @@ class _Agreed:
             options.per_rank,
             options.group,
             options.megatron_seeds,
+            options.mesh_seeds,
         )
 
 
@@ -65,7 +68,16 @@ class RankCoordinator:
     """Each entry's seed agreed across the ranks of ``group``; ``verify``: checked on
     entry and exit (:mod:`detctx.distributed._rank_check`). Arguments are checked here."""
 
-    __slots__ = ("group", "megatron_seeds", "per_rank", "src", "timeout", "verify")
+    __slots__ = (
+        "group",
+        "megatron_seeds",
+        "mesh_seeds",
+        "per_rank",
+        "src",
+        "timeout",
+        "trackers",
+        "verify",
+    )
 
     def __init__(
         self,
@@ -76,9 +88,16 @@ class RankCoordinator:
         verify: bool,
         timeout: float,
         megatron_seeds: MegatronSeeds | None,
+        mesh: Any = None,
+        distinct_dims: tuple[str, ...] = (),
     ) -> None:
         check_arguments(None, per_rank, group, src)
         self.megatron_seeds = check_megatron_seeds(megatron_seeds, per_rank)
+        self.mesh_seeds = check_mesh_seeds(
+            mesh, distinct_dims, per_rank=per_rank, megatron_seeds=megatron_seeds
+        )
+        # Each open entry's DTensor tracker, put back when that entry exits.
+        self.trackers: dict[object, TrackerEntry] = {}
         if not isinstance(verify, bool):
             raise TypeError(f"verify must be True or False, got {verify!r}")
         self.per_rank = per_rank
@@ -92,18 +111,38 @@ class RankCoordinator:
         if settings.switches["hccl"] is not False:
             warn_superpod()
         agreement = agree(
-            settings.seed, self.per_rank, self.group, self.src, self.timeout, self.megatron_seeds
+            settings.seed,
+            self.per_rank,
+            self.group,
+            self.src,
+            self.timeout,
+            self.megatron_seeds or self.mesh_seeds,
         )
         return _Agreed(agreement, self)
 
     def after_entry(self) -> None:
-        if self.verify:
-            verify_across_ranks(self.group, timeout=self.timeout)
+        entry = blocks.entered_here()[-1]
+        if self.mesh_seeds is not None:
+            self.trackers[entry] = TrackerEntry(self.mesh_seeds.mesh)
+        try:
+            if self.verify:
+                verify_across_ranks(self.group, timeout=self.timeout)
+        except BaseException:
+            self._put_back_tracker(entry)  # the block is abandoned, without before_exit
+            raise
+
+    def _put_back_tracker(self, entry: object) -> None:
+        tracker = self.trackers.pop(entry, None)
+        if tracker is not None:
+            tracker.restore()
 
     def before_exit(self, owner: object, raised: BaseException | None) -> None:
         # Only an exit of a block this context entered checks: a stray exit is an error
         # of its own (OutOfOrderExitError), not a collective.
-        if not self.verify or not any(block.owner is owner for block in blocks.entered_here()):
+        mine = [block for block in blocks.entered_here() if block.owner is owner]
+        if mine:
+            self._put_back_tracker(mine[-1])
+        if not self.verify or not mine:
             return
         if timed_out(raised):
             # A collective of this rank timed out inside the block: the job is going down,
@@ -126,6 +165,7 @@ class RankCoordinator:
                 ("verify", self.verify, False),
                 ("timeout", self.timeout, DEFAULT_TIMEOUT_S),
                 ("megatron_seeds", self.megatron_seeds, None),
+                ("mesh_seeds", self.mesh_seeds, None),
             )
             if value != default
         }
@@ -154,6 +194,14 @@ class distributed_deterministic(deterministic):
     Megatron's ``_set_random_seed`` derives them (``seed + 100 * pp_rank``,
     plus ``10 * dp_rank`` if given), so a Megatron or MindSpeed-LLM run gets
     the numbers it got from ``--seed`` (see ``docs/megatron.md``).
+    ``mesh=device_mesh, distinct_dims=("pp",)``: rank seeds as torchtitan's
+    ``set_determinism`` derives them, ``seed + sum(local_rank(d_i) *
+    prod(size(d_j), j < i))`` over the named dims in order, so ranks that
+    differ only in the other dims (an SPMD group) draw the same streams;
+    DTensor's RNG tracker is made on entry (where torch has one for the
+    mesh's devices) and the previous one put back on exit. Not with
+    ``per_rank`` or ``megatron_seeds``; a mesh this rank is not in raises
+    ``ValueError`` here (see ``docs/distributed.md``).
 
     ``verify=True`` runs :func:`verify_across_ranks` after seeding on entry and
     before restoring on exit. Every rank takes part in the exit check whatever
@@ -201,6 +249,8 @@ class distributed_deterministic(deterministic):
         verify: bool = False,
         timeout: float = DEFAULT_TIMEOUT_S,
         megatron_seeds: MegatronSeeds | None = None,
+        mesh: Any = None,
+        distinct_dims: Sequence[str] = (),
         **switches: Unpack[SwitchOptions],
     ) -> None:
         self._ranks = RankCoordinator(
@@ -210,6 +260,8 @@ class distributed_deterministic(deterministic):
             verify=verify,
             timeout=timeout,
             megatron_seeds=megatron_seeds,
+            mesh=mesh,
+            distinct_dims=distinct_dims,  # type: ignore[arg-type]  # checked there
         )
         super().__init__(seed, **switches)
 
@@ -235,6 +287,11 @@ class distributed_deterministic(deterministic):
     def verify(self) -> bool:
         """Whether the ranks' states are compared on entry and exit."""
         return self._ranks.verify
+
+    @property
+    def mesh_seeds(self) -> MeshSeeds | None:
+        """Where this rank stands along the mesh's distinct dims (``None``: no ``mesh=``)."""
+        return self._ranks.mesh_seeds
 
     @property
     def timeout(self) -> float:

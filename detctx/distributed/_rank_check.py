@@ -182,7 +182,7 @@ def verification_row(
         header = [_OUTSIDE, -1, -1, -1]
     elif run.per_rank:
         header = [_PER_RANK, run.shared_seed, run.seed, run.rank]
-    elif run.megatron_seeds is not None:
+    elif run.megatron_seeds is not None or run.mesh_seeds is not None:
         header = [_OFFSETS, run.shared_seed, run.seed, run.rank]
     else:
         header = [_SHARED, run.shared_seed, run.seed, run.rank]
@@ -192,8 +192,9 @@ def verification_row(
         states = Snapshot.capture(sources)
         parts = [part for name, source in sources for part in _parts(name, source, states[name])]
         names = [name for name, _, _ in parts]
-        # Under Megatron's offsets a rank is compared only with ranks seeded alike.
-        seeded = "" if run is None or run.megatron_seeds is None else f"\0seed={run.seed}"
+        # Under Megatron's or a mesh's offsets a rank is compared only with ranks seeded alike.
+        alike = run is None or (run.megatron_seeds is None and run.mesh_seeds is None)
+        seeded = "" if alike or run is None else f"\0seed={run.seed}"
         folded_scopes = hashlib.blake2b(digest_size=8)
         folded = hashlib.blake2b(digest_size=8)
         alone = False
