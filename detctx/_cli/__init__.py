@@ -177,6 +177,9 @@ def _parser() -> argparse.ArgumentParser:
         help="a metrics.csv column, a trainer_state.json log_history key, or the name before "
         "':' or '=' in a text log (default: the training loss)",
     )
+    from detctx._cli.record import add_arguments
+
+    add_arguments(commands, compare_)
 
     commands.add_parser(
         "demo",
@@ -200,6 +203,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             from detctx._cli import demo
 
             return demo.main(plot_path=args.plot, since=STARTED)
+        if args.command in ("record", "compare"):
+            from detctx._cli.record import dispatch
+
+            status = dispatch(args)
+            if status is not None:
+                return status
         pattern = compile_pattern(args.pattern)
         if args.command == "compare":
             curves = [read_curve(p, pattern=args.pattern, metric=args.metric) for p in args.logs]

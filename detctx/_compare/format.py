@@ -18,6 +18,8 @@ raises :class:`~detctx.TraceError` naming the file and byte offset.
 from __future__ import annotations
 
 import json
+import os
+import stat
 import struct
 import zlib
 from pathlib import Path
@@ -55,6 +57,8 @@ _PREFIX: Final = struct.Struct("<I")
 _ROWS: Final = 4096
 _MAX_HEADER: Final = 1 << 20
 _MAX_STRING: Final = 4096
+MAX_BYTES: Final = 1 << 34
+"""The largest trace read (16 GiB; it is held in memory while compared)."""
 
 
 class TraceWriter:
@@ -184,10 +188,22 @@ def is_trace(path: Path) -> bool:
         return False
 
 
+def _no_wait(path: str, flags: int) -> int:
+    # A FIFO would block its reader until someone writes: opened without waiting, then
+    # refused by fstat.
+    return os.open(path, flags | getattr(os, "O_NONBLOCK", 0))
+
+
 def read_trace(path: Path) -> Trace:
     """Read and check the trace at ``path``; :class:`~detctx.TraceError` when it is not one."""
     try:
-        data = Path(path).read_bytes()
+        with open(path, "rb", opener=_no_wait) as stream:
+            info = os.fstat(stream.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise TraceError(f"{path} is not a regular file: a trace is one")
+            if info.st_size > MAX_BYTES:
+                raise TraceError(f"{path} has {info.st_size} bytes, more than a trace may have")
+            data = stream.read(MAX_BYTES + 1)
     except OSError as exc:
         raise TraceError(f"cannot read trace {path}: {exc.strerror or exc}") from None
     return _Reader(Path(path), data).read()

@@ -61,12 +61,17 @@ def _entry(rank: RankComparison, index: int) -> dict[str, Any]:
         "module_path": trace.text(row["module"]),
         "source": trace.text(row["source"]),
         "backward": trace.text(row["node"]) or None,
-        "error": error if math.isfinite(error) else str(error),
-        "tolerance": tolerance,
-        "input_error": float(rank.input_error[index]),
+        "error": _finite(error),
+        "tolerance": _finite(tolerance),
+        "input_error": _finite(float(rank.input_error[index])),
         "kind": "origin" if rank.origin[index] else "inherited",
         "compared_at_outputs": bool(rank.at_outputs[index]),
     }
+
+
+def _finite(value: float) -> float | str:
+    """A number for JSON: ``inf`` and ``nan`` (a NaN count that differs) as text."""
+    return value if math.isfinite(value) else str(value)
 
 
 @dataclass
@@ -142,7 +147,7 @@ class TraceComparison:
                     f"origin: rank {origin['rank']}, op {origin['index']} {origin['op']} in "
                     f"{origin['module_path'] or '(no module)'} ({origin['source']}): error "
                     f"{_number(origin['error'])}, tolerance {_number(origin['tolerance'])}; "
-                    "its inputs were within tolerance"
+                    f"its inputs' largest error {_number(origin['input_error'])}"
                 )
             for entry in self.past_tolerance[:shown]:
                 lines.append(

@@ -1,0 +1,185 @@
+"""``detctx record -o PATH -- CMD ...``: run a command once, recording each op's statistics.
+
+As ``detctx run --locate``, with no change to the script: the command runs
+with ``$DETCTX_RECORD_DIR`` naming a folder detctx made next to ``PATH`` and
+a ``sitecustomize`` on ``PYTHONPATH`` that starts recording when Python
+starts (:mod:`detctx._compare.session`). The first Python process writes
+``main.trace``; each rank that torchrun starts writes ``rank<N>.trace``.
+When the command ends, ``PATH`` becomes the trace (one process) or a folder
+of the ranks' traces. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Final
+
+from detctx._basics import TraceError
+from detctx._cli.trace_compare import compare_recorded, looks_like_trace
+
+__all__ = ["add_arguments", "dispatch", "record"]
+
+RECORD_ENV: Final = "DETCTX_RECORD_DIR"
+""":data:`detctx._compare.RECORD_ENV` (importing it from there would import torch)."""
+
+_SHIM: Final = '''\
+"""Written by detctx record: record this process's ops, then the hidden sitecustomize."""
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+if os.environ.get("DETCTX_RECORD_DIR"):
+    try:
+        from detctx._compare import start_from_environment
+
+        start_from_environment()
+    except Exception as exc:
+        sys.stderr.write(f"detctx: record cannot record this process: {exc!r}\\n")
+
+_here = os.path.dirname(os.path.abspath(__file__))
+_rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != _here]
+_spec = importlib.machinery.PathFinder.find_spec("sitecustomize", _rest)
+if _spec is not None and _spec.loader is not None:
+    _module = importlib.util.module_from_spec(_spec)
+    sys.modules["sitecustomize"] = _module
+    _spec.loader.exec_module(_module)
+'''
+
+
+def _clear(path: Path) -> None:
+    """Make room for a new recording at ``path``: only an earlier trace is replaced."""
+    if path.is_symlink() or (path.exists() and not looks_like_trace(path)):
+        raise TraceError(
+            f"{path} exists and is not a trace detctx recorded: choose another path or remove it"
+        )
+    if path.is_dir():
+        for child in path.glob("rank*.trace"):
+            child.unlink()
+        try:
+            path.rmdir()
+        except OSError:
+            raise TraceError(f"{path} holds files besides rank traces: remove them") from None
+    else:
+        path.unlink(missing_ok=True)
+
+
+def record(path: Path, command: list[str]) -> int:
+    """Run ``command`` once, recording into ``path``; the exit status of ``detctx record``."""
+    path = path.absolute()
+    if not path.parent.is_dir():
+        raise TraceError(f"the folder of {path} does not exist")
+    _clear(path)
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.recording-", dir=path.parent))
+    try:
+        site = staging / "site"
+        site.mkdir()
+        (site / "sitecustomize.py").write_text(_SHIM, encoding="utf-8")
+        env = dict(os.environ)
+        env[RECORD_ENV] = str(staging)
+        rest = env.get("PYTHONPATH", "")
+        env["PYTHONPATH"] = str(site) + (os.pathsep + rest if rest else "")
+        sys.stderr.write(f"detctx record: {' '.join(command)}\n")
+        try:
+            status = subprocess.run(command, env=env, check=False).returncode
+        except OSError as exc:
+            raise TraceError(f"cannot start {command[0]}: {exc.strerror or exc}") from None
+        ranks = sorted(staging.glob("rank*.trace"))
+        if ranks:
+            path.mkdir()
+            for trace in ranks:
+                trace.rename(path / trace.name)
+            written = f"{len(ranks)} rank traces in {path}"
+        elif (staging / "main.trace").is_file():
+            (staging / "main.trace").rename(path)
+            written = f"trace written to {path}"
+        else:
+            raise TraceError(
+                "the command wrote no trace: detctx record records the Python processes it "
+                "starts through a sitecustomize on PYTHONPATH; this command started none that "
+                "could import detctx (not Python, python -I or -S, or another environment)"
+            )
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # detctx made it, and all in it
+    if status != 0:
+        sys.stderr.write(f"detctx: error: the command exited with status {status}; {written}\n")
+        return 2
+    print(written)
+    return 0
+
+
+def _tolerance(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a tolerance is a number, not {text!r}") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"a tolerance is a finite number >= 0, not {text!r}")
+    return value
+
+
+def add_arguments(commands: Any, compare: argparse.ArgumentParser) -> None:
+    """``detctx record``, and ``compare``'s options for traces."""
+    parser = commands.add_parser(
+        "record",
+        help="run a command once, recording every op's statistics for detctx compare",
+        usage="detctx record -o PATH -- CMD ...",
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        required=True,
+        metavar="PATH",
+        help="the trace to write (a folder of rank<N>.trace files when CMD starts ranks)",
+    )
+    parser.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
+    parser.set_defaults(command_parser=parser)
+    for flag in ("--rtol", "--atol"):
+        compare.add_argument(
+            flag,
+            type=_tolerance,
+            metavar="X",
+            help=f"traces: {flag[2:]} for every float dtype (default: per dtype)",
+        )
+    compare.add_argument("--json", action="store_true", help="traces: print the result as JSON")
+
+
+def dispatch(args: argparse.Namespace) -> int | None:
+    """Run ``record``, or ``compare`` on traces; ``None`` for a compare of metric logs."""
+    if args.command == "record":
+        command = list(args.cmd)
+        if command and command[0] == "--":
+            command = command[1:]
+        if not command:
+            args.command_parser.error(
+                "record needs a command after --, e.g. detctx record "
+                "-o run.trace -- python train.py"
+            )
+        return record(args.output, command)
+    traces = [looks_like_trace(path) for path in args.logs]
+    if any(traces):
+        if not all(traces):
+            trace, other = args.logs if traces[0] else args.logs[::-1]
+            raise TraceError(
+                f"{trace} is a recorded trace but {other} is not: compare two "
+                "traces (detctx record) or two metric logs"
+            )
+        return compare_recorded(
+            args.logs[0],
+            args.logs[1],
+            rtol=args.rtol,
+            atol=args.atol,
+            as_json=args.json,
+            plot_path=args.plot,
+        )
+    if args.rtol is not None or args.atol is not None or args.json:
+        raise ValueError("--rtol, --atol and --json compare recorded traces, not metric logs")
+    return None
