@@ -7,7 +7,7 @@ changes, so a refused checkpoint leaves the tracker and the device as they were.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -15,7 +15,14 @@ import torch
 from detctx._sources import InvalidField
 from detctx._state import device_state_seed
 
-__all__ = ["check_seeds", "device_in_use", "read_state", "seeded_state", "try_on_device"]
+__all__ = [
+    "check_seeds",
+    "device_in_use",
+    "read_state",
+    "seeded_state",
+    "seeds_kept",
+    "try_on_device",
+]
 
 
 def check_seeds(states: Mapping[str, torch.Tensor], seeds: list[int]) -> None:
@@ -33,6 +40,14 @@ def check_seeds(states: Mapping[str, torch.Tensor], seeds: list[int]) -> None:
     }
     if unrecorded:
         raise InvalidField("seeds", f"lack the seed(s) the states were made with: {unrecorded}")
+
+
+def seeds_kept(record: Iterable[int], replaced: Iterable[Any]) -> set[int]:
+    """The tracker's record of seeds once the ``replaced`` states are seeded anew: without
+    their old seeds (where their layout keeps them), so that the record stays one seed per
+    state however often blocks seed the tracker."""
+    dropped = {device_state_seed(read_state(value)) for value in replaced}
+    return {int(seed) for seed in record} - dropped
 
 
 def read_state(value: Any) -> torch.Tensor:

@@ -48,6 +48,7 @@ from detctx.integrations._megatron_states import (
     device_in_use,
     read_state,
     seeded_state,
+    seeds_kept,
     try_on_device,
 )
 
@@ -171,13 +172,16 @@ class TrackerSource:
             for name, value in seeds.items()
             if not isinstance(live[name], torch.Generator)
         }
+        replaced = [live[name] for name in seeds]
+        others = set(live) - set(seeds)
+        # Megatron's tracker refuses a seed it has used; keep the others' seeds on record
+        # (read before the states are replaced: a graph-safe tracker reseeds them in place).
+        kept = seeds_kept(tracker.seeds_, replaced) if others else set()
         for name, value in seeds.items():
             if isinstance(live[name], torch.Generator):
                 live[name].manual_seed(value)  # in place: CUDA graphs hold these objects
         tracker.set_states({**live, **fresh})
-        others = set(live) - set(seeds)
-        # Megatron's tracker refuses a seed it has used; keep the others' seeds on record.
-        tracker.seeds_ = set(seeds.values()) | (set(tracker.seeds_) if others else set())
+        tracker.seeds_ = set(seeds.values()) | kept
 
     def _seeds_for(self, seed: int, names: list[str]) -> dict[str, int]:
         needed = {MODEL_PARALLEL: ("tp_rank",), EXPERT_PARALLEL: ("ep_rank", "etp_rank")}
@@ -273,6 +277,15 @@ class TrackerSource:
                 or value.device.type != "cpu"
             ):
                 raise InvalidField(f"states[{name!r}]", "must be a non-empty 1-D uint8 CPU tensor")
+        if len(state["seeds"]) > len(states):
+            # Before anything per seed: a record of 10**6 seeds would be kept, and sorted at
+            # every later capture. Megatron's add records one seed per state it adds, and a
+            # block's seeding keeps it so (seeds_kept).
+            raise InvalidField(
+                "seeds",
+                f"hold {len(state['seeds'])} seeds for {len(states)} state(s); the tracker "
+                "records one seed per state",
+            )
         for seed in state["seeds"]:
             if type(seed) is not int or not 0 <= seed <= _LARGEST_SEED:
                 raise InvalidField("seeds", f"must be ints in [0, 2**64 - 1], not {seed!r}")
