@@ -1,16 +1,20 @@
 """Hammer ``detctx.resume`` with crafted loader states; print how each ended.
 
-    python benchmarks/hammer_resume_states.py --mutations 2000 --worker-mutations 200
+    python benchmarks/hammer_resume_states.py --mutations 2000 --worker-mutations 200 \
+        --rng-flips 2000
 
 A real state is saved after the first batch of a shuffled 12-item loader
 (batches of 4, 0 or 2 workers, augmentation drawing from torch in
 ``__getitem__``). Each mutation takes one value of ``state["loaders"]`` and
 replaces it (a small int, a bool, ``None``, a string, a short tensor, another
-generator's state), deletes it, or adds a key beside it; then resumes a fresh
-loader from it. Outcomes:
+generator's state), deletes it, or adds a key beside it; each RNG flip turns
+one bit of the main process's saved Python, NumPy or torch state (the
+Mersenne Twister words and position, NumPy's key, position and Gaussian
+cache, torch's bytes); then resumes a fresh loader from it. Outcomes:
 
 - ``refused``: ``CheckpointError``, with every RNG and the loader as before;
-- ``exact``: accepted, and the loader serves the straight run's batches;
+- ``exact``: accepted, and the main process's streams and the loader give the
+  straight run's draws and batches;
 - ``refused_changed``, ``different``, ``other_error``: failures (each printed).
 
 The figures are those quoted in docs/resume.md.
@@ -26,6 +30,7 @@ import warnings
 from collections import Counter
 from typing import Any
 
+import numpy as np
 import torch
 
 import detctx
@@ -48,13 +53,24 @@ def values(batches: Any) -> list[float]:
     return [value for batch in batches for value in batch.flatten().tolist()]
 
 
-def saved(workers: int) -> tuple[dict[str, Any], list[float]]:
+def draws() -> list[float]:
+    """One draw from each of the main process's streams."""
+    return [
+        random.random(),
+        float(np.random.random()),
+        float(np.random.randn()),
+        torch.rand(()).item(),
+    ]
+
+
+def saved(workers: int) -> tuple[dict[str, Any], list[Any]]:
+    """The state, and what follows it: the streams' fingerprint, draws and batches."""
     with detctx.deterministic(seed=1):
         loader = build(workers)
         iterator = iter(loader)
         next(iterator)
         state = detctx.resume_state(loader)
-        return state, values(iterator) + values(loader)
+        return state, [detctx.fingerprint(), *draws(), *values(iterator), *values(loader)]
 
 
 def places(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
@@ -101,9 +117,30 @@ def mutate(state: dict[str, Any], rng: random.Random) -> str:
     return f"{(*path, last)} = {new if not isinstance(new, torch.Tensor) else tuple(new.shape)}"
 
 
-def trial(good: dict[str, Any], rest: list[float], workers: int, rng: random.Random) -> str:
+def flip(state: dict[str, Any], rng: random.Random) -> str:
+    sources = state["rng"]["sources"]
+    python, numpy = sources["python"]["state"], sources["numpy"]["state"]
+    name = rng.choice(["python", "numpy key", "numpy pos", "numpy has_gauss", "torch"])
+    if name in ("numpy pos", "numpy has_gauss"):
+        key = name.split()[1]
+        numpy[key] ^= 1 << rng.randrange(1 if key == "has_gauss" else 10)
+        return f"{name} = {numpy[key]}"
+    words = {"python": python["internal"], "numpy key": numpy["key"]}.get(name)
+    raw = (sources["torch"]["state"] if words is None else words).view(torch.uint8)
+    place, bit = rng.randrange(raw.numel()), rng.randrange(8)
+    raw[place] ^= 1 << bit
+    return f"{name} byte {place} bit {bit}"
+
+
+def trial(
+    good: dict[str, Any],
+    rest: list[Any],
+    workers: int,
+    rng: random.Random,
+    edit: Any = mutate,
+) -> str:
     state = copy.deepcopy(good)
-    what = mutate(state, rng)
+    what = edit(state, rng)
     with detctx.deterministic(seed=1):
         loader = build(workers)
         before = detctx.fingerprint()
@@ -118,7 +155,9 @@ def trial(good: dict[str, Any], rest: list[float], workers: int, rng: random.Ran
             print("other error:", what, repr(exc)[:200])
             return "other_error"
         try:
-            served = values(loader) + values(loader)
+            # The fingerprint first: a flip in a word already drawn changes no draw until
+            # the next 624-word refill.
+            served = [detctx.fingerprint(), *draws(), *values(loader), *values(loader)]
         except Exception as exc:
             print("accepted, then failed:", what, repr(exc)[:200])
             return "other_error"
@@ -132,6 +171,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--mutations", type=int, default=2000)
     parser.add_argument("--worker-mutations", type=int, default=200)
+    parser.add_argument("--rng-flips", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
     options = parser.parse_args()
     warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
@@ -142,6 +182,10 @@ def main() -> None:
         report[f"{workers} workers"] = dict(
             Counter(trial(good, rest, workers, rng) for _ in range(count))
         )
+    good, rest = saved(0)
+    report["rng flips"] = dict(
+        Counter(trial(good, rest, 0, rng, flip) for _ in range(options.rng_flips))
+    )
     print(json.dumps(report))
 
 

@@ -56,8 +56,10 @@ def refused_unchanged(state: dict[str, Any], loader: Any, match: str) -> None:
 
 def same(first: Any, second: Any) -> bool:
     if isinstance(first, dict):
-        return isinstance(second, dict) and first.keys() == second.keys() and all(
-            same(first[key], second[key]) for key in first
+        return (
+            isinstance(second, dict)
+            and first.keys() == second.keys()
+            and all(same(first[key], second[key]) for key in first)
         )
     if isinstance(first, torch.Tensor):
         return isinstance(second, torch.Tensor) and torch.equal(first, second)
