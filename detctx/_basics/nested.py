@@ -17,7 +17,7 @@ import enum
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-__all__ = ["Kind", "branches", "leaves", "map_leaves", "rebuild"]
+__all__ = ["Kind", "branches", "child_path", "leaves", "map_leaves", "rebuild"]
 
 
 class Kind(enum.Enum):
@@ -95,3 +95,14 @@ def leaves(value: Any) -> Iterator[Any]:
         return
     for _, child in found[1]:
         yield from leaves(child)
+
+
+def child_path(path: str, kind: Kind, key: Any, index: int, show: Callable[[Any], str]) -> str:
+    """Where the child ``key`` (at ``index``) of the container at ``path`` is, as Python
+    reaches it: ``path[show(key)]`` in a mapping, ``path.key`` in a dataclass,
+    ``path[index]`` in a list or a tuple (a namedtuple too, by position)."""
+    if kind is Kind.MAPPING:
+        return f"{path}[{show(key)}]"
+    if kind is Kind.DATACLASS:
+        return f"{path}.{key}"
+    return f"{path}[{index}]"

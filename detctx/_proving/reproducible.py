@@ -250,12 +250,7 @@ def _first_difference_inside(
     elif len(items_a) != len(items_b):
         return Difference(path, f"lengths differ: {len(items_a)} vs {len(items_b)}")
     for index, ((key, item_a), (_, item_b)) in enumerate(zip(items_a, items_b)):
-        if kind is nested.Kind.MAPPING:
-            where = f"{path}[{_render_key(key)}]"
-        elif kind is nested.Kind.DATACLASS:
-            where = f"{path}.{key}"
-        else:  # a namedtuple too, by position, as a tuple
-            where = f"{path}[{index}]"
+        where = nested.child_path(path, kind, key, index, _render_key)
         found = first_difference(item_a, item_b, where)
         if found is not None:
             return found
