@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 import detctx
+import detctx._locate.outputs as outputs_module
 import detctx._locate.recorder as recorder_module
 from detctx._locate.batch import Batch
 from detctx._locate.digest import STAGED
@@ -127,14 +128,14 @@ def test_a_large_permuted_output_is_read_in_memory_order_and_still_compared_exac
     monkeypatch: pytest.MonkeyPatch,
 ):
     read: list[bool] = []
-    real = recorder_module.memory_order_digest
+    real = outputs_module.memory_order_digest
 
     def counted(tensor: torch.Tensor) -> int | None:
         found = real(tensor)
         read.append(found is not None)
         return found
 
-    monkeypatch.setattr(recorder_module, "memory_order_digest", counted)
+    monkeypatch.setattr(outputs_module, "memory_order_digest", counted)
     calls: list[int] = []
 
     def step(change: bool) -> None:

@@ -208,6 +208,26 @@ def test_run_locate_of_agreeing_runs_exits_0_and_keeps_the_users_sitecustomize(t
     assert sorted(p.name for p in tmp_path.iterdir()) == ["site", "train.py"]
 
 
+@pytest.mark.slow
+def test_run_locate_of_curves_that_differ_through_numpy_alone_says_where_the_difference_came_from(
+    tmp_path: Path,
+):
+    (tmp_path / "train.py").write_text(
+        "import numpy as np, torch\n"
+        "weights = torch.ones(4) * 0.5\n"
+        "noise = torch.from_numpy(np.random.default_rng().random(4)).clone()\n"
+        "print('loss:', repr(float(weights.sum()) + float(noise.numpy().sum())))\n"
+    )
+
+    done = detctx_run("--locate", "--", sys.executable, "train.py", cwd=tmp_path)
+
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert (
+        "op traces: all 2 runs ran the same ops with the same bits, yet the metric curves "
+        "differ: the difference came from outside torch ops" in done.stdout
+    )
+
+
 def test_runs_whose_first_random_op_differs_are_told_they_started_from_other_rng_states(
     tmp_path: Path,
 ) -> None:

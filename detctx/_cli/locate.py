@@ -163,7 +163,8 @@ def report_located(
 ) -> int:
     """Print the curves' comparison (when every run printed a metric) and the located op.
 
-    Exit status 1 when either the curves or the op traces differ.
+    Exit status 1 when either the curves or the op traces differ; curves that differ
+    while every op agreed are said to differ through values from outside torch ops.
     """
     status = 0
     if all(curve.points for curve in curves):
@@ -171,7 +172,16 @@ def report_located(
     else:
         print("no metric lines in the output: comparing the op traces only")
     if found is None:
-        print(f"op traces: all {len(curves)} runs ran the same ops with the same bits.")
+        same = f"op traces: all {len(curves)} runs ran the same ops with the same bits"
+        if not status:
+            print(f"{same}.")
+            return status
+        print(
+            f"{same}, yet the metric curves differ: the difference came from outside torch "
+            "ops, from data (NumPy, Python, a file, OS entropy) that reached the printed "
+            "metric without an op computing from it (only copied, viewed or filled in, which "
+            "is not recorded), or from a metric computed without torch."
+        )
         return status
     print(f"op traces: {found}")
     return 1

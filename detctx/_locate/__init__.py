@@ -16,7 +16,8 @@ from detctx._locate.digest import digest
 from detctx._locate.divergence import Divergence, compare_traces
 from detctx._locate.modules import ModuleTracker
 from detctx._locate.ops import INFOS, OpInfo
-from detctx._locate.recorder import combine_digests, dispatch_mode_class
+from detctx._locate.outputs import combine_digests
+from detctx._locate.recorder import dispatch_mode_class
 from detctx._locate.search import locate_divergence
 
 # Besides locate's own API, the machinery detctx._compare records with: the running

@@ -15,7 +15,7 @@ from types import CodeType, FrameType
 
 import torch
 
-__all__ = ["UNKNOWN", "user_line", "user_line_in_backward"]
+__all__ = ["UNKNOWN", "defined_at", "user_line", "user_line_in_backward"]
 
 UNKNOWN = "<unknown>"
 _INTERNAL = (
@@ -91,3 +91,19 @@ def user_line_in_backward(skip: int = 1) -> str | None:
             return None
         frame = frame.f_back
     return None
+
+
+def defined_at(fn: object) -> str:
+    """``file:line`` where the function ``fn`` (or the one a ``partial`` wraps) is defined,
+    or ``<unknown>`` for a callable without Python code (a builtin, a C extension)."""
+    for _ in range(8):  # partials of partials, decorators' __wrapped__, a few deep at most
+        inner = getattr(fn, "func", None) or getattr(fn, "__wrapped__", None)
+        if inner is None:
+            break
+        fn = inner
+    code = getattr(fn, "__code__", None)
+    if code is None:  # an object with a __call__ method
+        code = getattr(vars(type(fn)).get("__call__"), "__code__", None)
+    if not isinstance(code, CodeType):
+        return UNKNOWN
+    return f"{_show(code.co_filename)}:{code.co_firstlineno}"

@@ -48,13 +48,16 @@ class Divergence:
     the output they were counted in: ``output`` (0-based) of the op's
     ``outputs`` (a ``_foreach_`` op has one per tensor). ``reason`` is
     ``"values"`` (same op, different bits), ``"rng"`` (a random op whose
-    generator state already differed),
-    ``"op"`` (the runs ran different ops here) or ``"ended"`` (one run ran
-    out of ops). ``mismatched``, ``total`` and ``max_abs_diff`` are filled
-    in for ``"values"`` when the tensors are at hand: run ``run``'s are kept
-    as it runs, run 1's come from a replay that agreed with run 1 on every
-    op before this one (when run 1 itself read OS entropy, the replay's
-    values stand in for it).
+    generator state already differed), ``"op"`` (the runs ran different ops
+    here), ``"ended"`` (one run ran out of ops) or ``"result"`` (every
+    recorded op agreed but the function's results differ: ``path`` names the
+    first differing part, ``result[0]``, ``reference`` says what it is,
+    ``index`` is the number of ops recorded and ``source`` the line where
+    the function is defined). ``mismatched``, ``total`` and
+    ``max_abs_diff`` are filled in for ``"values"`` when the tensors are at
+    hand: run ``run``'s are kept as it runs, run 1's come from a replay that
+    agreed with run 1 on every op before this one (when run 1 itself read OS
+    entropy, the replay's values stand in for it).
     ``str()`` is a one-paragraph report.
     """
 
@@ -75,6 +78,7 @@ class Divergence:
     first_draw: bool = False
     output: int = 0
     outputs: int = 1
+    path: str = ""
 
     def where(self) -> str:
         module = f"in module {self.module_path}" if self.module_path else "at top level"
@@ -111,6 +115,18 @@ class Divergence:
                 f"{head}: run {self.run} ran {self.where()} where run 1 ran {self.reference}. "
                 "The runs took different paths here (control flow that depends on data, a "
                 "counter, the clock or the environment)."
+            )
+        if self.reason == "result":
+            ops = f"all {self.index} recorded ops produced the same bits in both runs"
+            if self.index < 2:
+                ops = "the one recorded op agreed" if self.index else "no op computing was recorded"
+            return (
+                f"Run {self.run} returned another result than run 1 at {self.path} "
+                f"({self.reference}), though {ops} (the function: {self.source}). The "
+                "difference came from "
+                "outside torch ops: data from NumPy, Python, a file or OS entropy that reached "
+                "the result without an op computing from it (only copied, viewed or filled "
+                "in, which is not recorded), or a value the function returned without torch."
             )
         if self.reason == "ended":
             return (

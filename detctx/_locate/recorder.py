@@ -11,8 +11,9 @@ Each op with tensor outputs becomes a row (:mod:`detctx._locate.batch`):
 the op, where it ran, its first output's description and a digest of its
 outputs. The outputs are what the op returned plus what it wrote in place
 (``add_``, ``_foreach_mul_`` and ``out=`` variants, whose output is their
-mutated input). Pure views (``t``, ``view``, ``detach``) carry no new
-values and are not recorded. For a random op (tagged
+mutated input); a nested tensor counts as its components, described by
+its padded shape (:mod:`detctx._locate.outputs`). Pure views (``t``,
+``view``, ``detach``) carry no new values and are not recorded. For a random op (tagged
 ``nondeterministic_seeded``) the state of the generator it draws from is
 digested before it runs, so a stream advanced elsewhere is told apart from
 a numerical difference.
@@ -47,24 +48,16 @@ import torch
 from detctx._basics import MissingDependencyError
 from detctx._locate.batch import ROW, Batch, meta_number, site, site_number
 from detctx._locate.callsite import UNKNOWN, user_line, user_line_in_backward
-from detctx._locate.digest import (
-    STAGED,
-    digest,
-    layout_code,
-    memory_order_digest,
-    whole_rows_digest,
-)
+from detctx._locate.digest import STAGED
 from detctx._locate.modules import ModuleTracker
 from detctx._locate.ops import INFOS, OpInfo, generator_state
+from detctx._locate.outputs import combine_digests, describe, outputs_digest, tensors, unnested
 from detctx._locate.staging import Staging, borrow, give_back
 
 __all__ = ["OpRecorder", "Sink", "dispatch_mode_class"]
 
 _KEY: Final = "detctx._locate"
-_MASK: Final = (1 << 128) - 1
 _WORD: Final = (1 << 64) - 1
-_PRIME: Final = 0x0000000001000000000000000000013B
-_OFFSET: Final = 0x6C62272E07BB014262B821756295C58D
 PENDING: Final = 4096
 """Ops recorded before their rows go to the sink, at most (fewer when the buffer fills)."""
 
@@ -90,34 +83,6 @@ def dispatch_mode_class() -> type[Any]:
             f"torch {torch.__version__} does not have: install torch 2.1 or later"
         ) from None
     return TorchDispatchMode
-
-
-def _combine(outputs: list[torch.Tensor]) -> int:
-    """The digest of an op's outputs, each digested now (see :func:`combine_digests`)."""
-    digests = []
-    for tensor in outputs:
-        bits = None
-        if type(tensor) is torch.Tensor and tensor.layout == torch.strided:
-            if tensor.is_contiguous():
-                bits = whole_rows_digest(tensor)
-            else:
-                bits = memory_order_digest(tensor)
-        if bits is None:
-            bits = digest(tensor)
-        digests.append(layout_code(tensor.dtype, tuple(tensor.shape)) if bits is None else bits)
-    return combine_digests(digests)
-
-
-def combine_digests(digests: list[int]) -> int:
-    """One output's digest is the op's; several are chained with FNV-1a over 128-bit
-    parts, each step a bijection of the running value, so a change in any one output's
-    digest always changes the result."""
-    if len(digests) == 1:
-        return digests[0]
-    value = _OFFSET
-    for bits in digests:
-        value = ((value ^ bits) * _PRIME) & _MASK
-    return value
 
 
 @functools.cache
@@ -266,10 +231,10 @@ class OpRecorder:
             return info.call(*args, **kwargs)
         rng = generator_state(func, args, kwargs) if info.random else None
         result = info.call(*args, **kwargs)
-        outputs = [result] if type(result) is torch.Tensor else _tensors(result)
+        outputs = [result] if type(result) is torch.Tensor else tensors(result)
         for index, name in info.written:
             argument = args[index] if index < len(args) else kwargs.get(name)
-            outputs.extend(t for t in _tensors(argument) if not any(t is o for o in outputs))
+            outputs.extend(t for t in tensors(argument) if not any(t is o for o in outputs))
         if not outputs:
             return result
         node = self._current_node() if self._current_node is not None else None
@@ -283,9 +248,11 @@ class OpRecorder:
             if torch.is_grad_enabled():
                 self._pending = (outputs, where)
         first = outputs[0]
-        self._add(
-            info.number, where, meta_number(first.dtype, first.shape, first.device), rng, outputs
-        )
+        if len(outputs) == 1 and not first.is_nested:
+            meta = meta_number(first.dtype, first.shape, first.device)
+        else:
+            meta, outputs = meta_number(*describe(first)), unnested(outputs)
+        self._add(info.number, where, meta, rng, outputs)
         return result
 
     def _add(
@@ -307,7 +274,7 @@ class OpRecorder:
                 count = len(outputs)
         position = len(self._ops)
         if entry < 0:
-            value = _combine(outputs)
+            value = outputs_digest(outputs)
             self._values[position] = value
             wants = self.wants
             if wants is not None:
@@ -387,11 +354,3 @@ def _stageable(tensor: torch.Tensor) -> bool:
         and not tensor.is_quantized
         and tensor.nbytes <= STAGED
     )
-
-
-def _tensors(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [item for item in value if isinstance(item, torch.Tensor)]
-    return []

@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING, Any
 from detctx._basics import DEFAULT_SEED, as_integer, resolve_seed, validate_seed
 from detctx._blocks import deterministic
 from detctx._locate.batch import RowReader, RowWriter
+from detctx._locate.callsite import defined_at
 from detctx._locate.divergence import Capture, Divergence, OpComparison, element_difference
+from detctx._locate.outputs import ResultLeaf, first_result_difference, result_leaves
 
 if TYPE_CHECKING:
     from detctx._locate.recorder import Sink
@@ -21,7 +23,8 @@ __all__ = ["locate_divergence"]
 
 def _recorded(
     block: deterministic, sink: Sink, fn: Callable[..., Any], args: Any, kwargs: Any
-) -> None:
+) -> list[ResultLeaf]:
+    """Run ``fn`` in ``block`` while recording into ``sink``; its result, digested."""
     # The recorder (and torch's private dispatch-mode module) loads on first use:
     # ``import detctx`` stays as fast as without locating.
     from detctx._locate.recorder import OpRecorder
@@ -30,9 +33,25 @@ def _recorded(
         recorder = OpRecorder(sink)
         recorder.start()
         try:
-            fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
         finally:
             recorder.stop()
+        # Digested at once: a later run may change what this one returned (the same
+        # tensor, updated in place).
+        return result_leaves(result)
+
+
+def _result_divergence(
+    fn: Callable[..., Any], first: list[ResultLeaf], other: list[ResultLeaf], run: int, ops: int
+) -> Divergence | None:
+    """A ``"result"`` divergence when run ``run``'s result differs from run 1's."""
+    differs = first_result_difference(first, other)
+    if differs is None:
+        return None
+    where = defined_at(fn)
+    return Divergence(
+        ops, "", "", where, (), "", "", "result", run, path=differs.path, reference=differs.what
+    )
 
 
 def locate_divergence(
@@ -55,8 +74,12 @@ def locate_divergence(
     with run 1, else a :class:`Divergence` for the first run that parts from
     it. When the differing op's values differ, run 1 is replayed once more
     to count the differing elements (used only if the replay agrees with
-    run 1 on every op before that one). Results of ``fn`` are not compared: use
-    ``check_reproducible(..., locate=True)`` for both.
+    run 1 on every op before that one). When every op agrees, the results of
+    ``fn`` are compared too, digested as ops' outputs are (tensors, arrays,
+    numbers and strings in lists, tuples, dicts and dataclasses; other
+    objects are not compared): results that differ are a ``"result"``
+    divergence, their difference having come from outside torch ops.
+    ``check_reproducible(..., locate=True)`` counts the differing elements.
 
     >>> import detctx, torch
     >>> model = torch.nn.Linear(4, 2)
@@ -84,17 +107,19 @@ def locate_divergence(
         path = Path(folder) / "run1.rows"
         writer = RowWriter(path)
         try:
-            _recorded(block, writer, fn, args, kwargs)
+            first = _recorded(block, writer, fn, args, kwargs)
         finally:
             writer.close()
         for run in range(2, runs + 1):
             reference = RowReader(path, writer.count)
             comparison = OpComparison(reference, run)
             try:
-                _recorded(block, comparison, fn, args, kwargs)
+                result = _recorded(block, comparison, fn, args, kwargs)
                 found = comparison.finish()
             finally:
                 reference.close()
+            if found is None:
+                found = _result_divergence(fn, first, result, run, writer.count)
             if found is None:
                 continue
             if found.reason != "values" or comparison.reference_record is None:
