@@ -51,6 +51,7 @@ if TYPE_CHECKING:
         resume_state,
         seed_worker,
     )
+    from detctx._compare import TraceComparison, compare_traces, recording
     from detctx._environment import EnvSwitchOptions
     from detctx._locate import Divergence, locate_divergence
     from detctx._proving import (
@@ -158,6 +159,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "restore",
         "PlainStateSource",
     ),
+    "detctx._compare": ("TraceComparison", "compare_traces", "recording"),
     "detctx._environment": ("EnvSwitchOptions",),
     "detctx._switches": ("SwitchOptions",),
 }
@@ -203,6 +205,7 @@ __all__ = [
     "Seeding",
     "Snapshot",
     "SwitchOptions",
+    "TraceComparison",
     "TraceError",
     "UndeclaredStreamError",
     "__version__",
@@ -211,6 +214,7 @@ __all__ = [
     "check_gradients",
     "check_reproducible",
     "collective_device",
+    "compare_traces",
     "derive_seed",
     "deterministic",
     "deterministic_region",
@@ -223,6 +227,7 @@ __all__ = [
     "locate_divergence",
     "open_blocks",
     "prepare_environment",
+    "recording",
     "register_accelerator",
     "register_source",
     "restore",
