@@ -43,7 +43,9 @@ if TYPE_CHECKING:
         seed_all,
     )
     from detctx._data import (
+        DCPResumeState,
         ElasticLoader,
+        dcp_resume_state,
         elastic_loader,
         loader_generator,
         resumable_loader,
@@ -102,6 +104,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "Seeding",
     ),
     "detctx._data": (
+        "DCPResumeState",
+        "dcp_resume_state",
         "ElasticLoader",
         "elastic_loader",
         "loader_generator",
@@ -181,6 +185,7 @@ __all__ = [
     "PROBE_OPS",
     "SEED_ENV",
     "CheckpointError",
+    "DCPResumeState",
     "DetctxError",
     "DeterminismUnavailableError",
     "DeterminismWarning",
@@ -215,6 +220,7 @@ __all__ = [
     "check_reproducible",
     "collective_device",
     "compare_traces",
+    "dcp_resume_state",
     "derive_seed",
     "deterministic",
     "deterministic_region",

@@ -4,6 +4,8 @@
 - :mod:`~detctx.distributed._agreement`: one ``all_gather`` so that every rank
   knows every rank's seed (:func:`agree_seed`), and each rank's own seed
   derived from it (:class:`MegatronSeeds` for Megatron's offsets);
+- :mod:`~detctx.distributed._mesh`: seeds over a ``DeviceMesh`` as torchtitan derives
+  them (:class:`MeshSeeds`), and DTensor's RNG tracker with the block;
 - :mod:`~detctx.distributed._rank_check`: one ``all_gather`` of per-source
   fingerprints (:func:`verify_across_ranks`);
 - :mod:`~detctx.distributed._block`: :class:`distributed_deterministic`;
@@ -18,6 +20,7 @@ from __future__ import annotations
 from detctx.distributed._agreement import DistributedSeeding, MegatronSeeds, agree_seed
 from detctx.distributed._block import distributed_deterministic
 from detctx.distributed._launch import prepare_environment
+from detctx.distributed._mesh import MeshSeeds
 from detctx.distributed._rank_check import verify_across_ranks
 from detctx.distributed._topology import SUPERPOD_ENV, collective_device
 
@@ -25,6 +28,7 @@ __all__ = [
     "SUPERPOD_ENV",
     "DistributedSeeding",
     "MegatronSeeds",
+    "MeshSeeds",
     "agree_seed",
     "collective_device",
     "distributed_deterministic",
