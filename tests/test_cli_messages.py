@@ -180,4 +180,4 @@ def test_an_unseeded_script_run_twice_is_told_it_does_not_seed(capsys):
 
     out = capsys.readouterr().out
     assert "first divergence at point 1 of 1" in out
-    assert "1. nothing seeds the run" in out
+    assert "No run entered a detctx block or called detctx.seed_all" in out

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from detctx._basics import resolve_seed, validate_seed
+from detctx._basics import note_entry, resolve_seed, validate_seed
 from detctx._state import Snapshot
 from detctx._switches import SWITCHES, default_setting, validate_switches
 
@@ -102,7 +102,9 @@ class _Alone:
     """A block of one process: the configured seed, ``$DETCTX_SEED`` or a fresh one."""
 
     def begin(self, settings: Settings) -> Entry:
-        return _Resolved(resolve_seed(settings.seed))
+        seed = resolve_seed(settings.seed)
+        note_entry(seed, given=settings.seed is not None)  # for detctx run, before seeding
+        return _Resolved(seed)
 
     def after_entry(self) -> None:
         pass

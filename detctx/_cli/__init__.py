@@ -250,16 +250,24 @@ def _doctor(args: argparse.Namespace) -> int:
 def _run(
     parser: argparse.ArgumentParser, args: argparse.Namespace, pattern: re.Pattern[str]
 ) -> int:
-    from detctx._cli.run import determinism_env, determinism_variables, log_file, run_command
+    from detctx._cli.hints import exported_seed, noted_cause
+    from detctx._cli.run import (
+        RunNotes,
+        determinism_env,
+        determinism_variables,
+        log_file,
+        run_command,
+    )
 
     command = list(args.cmd)
     if command and command[0] == "--":
         command = command[1:]
     if not command:
         parser.error("run needs a command after --, e.g. detctx run -- python train.py")
+    exported_here = bool(os.environ.get(SEED_ENV, "").strip())
     if args.seed is not None:
         seed = args.seed
-    elif os.environ.get(SEED_ENV, "").strip():
+    elif exported_here:
         seed = resolve_seed(None)
     else:
         seed = DEFAULT_SEED
@@ -273,13 +281,15 @@ def _run(
 
         tracing = Tracing.start(args.log_dir)
         tracing.check(args.runs)
+    notes = RunNotes(args.runs)
     curves = []
     for index in range(1, args.runs + 1):
         raise_pending()
         signs = FrameworkSigns()
+        run_env = env if tracing is None else tracing.env_for(index, env)
         curve = run_command(
             command,
-            env if tracing is None else tracing.env_for(index, env),
+            notes.env_for(index, run_env),
             pattern,
             f"run {index}",
             log_path=logs[index - 1],
@@ -291,11 +301,17 @@ def _run(
                 no_points_message(f"the output of run {index}", pattern, signs.advice())
             )
         curves.append(curve)
+    noted = notes.read()
+    # A seed exported in the user's own shell reaches plain runs too: nothing to warn of.
+    told = "" if exported_here else exported_seed(noted, seed)
+    what = _metric_name(args)
     if tracing is not None:
+        # The op traces give the diagnosis (the runs started apart, or where they parted):
+        # the curves' verdict adds no causes of its own.
         return tracing.report(
-            curves, lambda comparison: _report(comparison, args.plot, _metric_name(args))
+            curves, lambda comparison: _report(comparison, args.plot, what, start="", notes=told)
         )
-    return _report(compare(curves), args.plot, _metric_name(args))
+    return _report(compare(curves), args.plot, what, cause=noted_cause(noted), notes=told)
 
 
 def _metric_name(args: argparse.Namespace) -> str:
@@ -306,8 +322,16 @@ def _metric_name(args: argparse.Namespace) -> str:
     return "training loss" if args.pattern is None else "metric"
 
 
-def _report(comparison: CurveComparison, plot_path: Path | None, what: str) -> int:
-    print(describe(comparison))
+def _report(
+    comparison: CurveComparison,
+    plot_path: Path | None,
+    what: str,
+    *,
+    start: str | None = None,
+    cause: str = "",
+    notes: str = "",
+) -> int:
+    print(describe(comparison, start=start, cause=cause, notes=notes))
     verdict = AGREE if comparison.agree else DIFFER
     if plot_path is not None:
         try:

@@ -1,5 +1,6 @@
-"""What to do when a command's output holds no metric lines, for the frameworks we know,
-and when runs differ from their very first metric value.
+"""What to do when a command's output holds no metric lines, for the frameworks we know;
+when runs differ from their very first metric value (the cause a run's note tells, else
+the likely ones); and when runs agree only through ``$DETCTX_SEED``.
 
 Lightning prints the loss only in its progress bar, and only when the
 ``LightningModule`` logs it with ``prog_bar=True``; off a terminal the bar
@@ -11,11 +12,25 @@ has). Both write files that keep every value at full precision, which
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Final
 
-from detctx._basics import CAUSES_OF_A_DIFFERENT_START
+from detctx._basics import CAUSES_OF_A_DIFFERENT_START, SEED_ENV, EntryNote
 
-__all__ = ["FrameworkSigns", "different_start"]
+__all__ = [
+    "FrameworkSigns",
+    "different_start",
+    "exported_seed",
+    "noted_cause",
+]
+
+_LOCATE: Final = "`detctx run --locate` names the first op where the runs part, and its line."
+
+_STREAM_NAMES: Final = {
+    "random": "Python's random",
+    "numpy": "NumPy's global generator",
+    "torch": "torch's global generator",
+}
 
 _SIGNS: Final = {
     "Lightning": (
@@ -70,12 +85,81 @@ class FrameworkSigns:
         return _ADVICE[self.seen] if self.seen is not None else ""
 
 
-def different_start() -> str:
-    """Why runs differ from their first metric value on: the likely causes, most likely first."""
+def different_start(points: int, cause: str = "") -> str:
+    """Why runs differ from their first metric value on: ``cause`` when a run told it
+    (:func:`noted_cause`), else the likely causes, most likely first; then how to find
+    the op. ``points``: how many each curve has (one value cannot say when they parted)."""
+    if points == 1:
+        head = (
+            "The runs differ at their only metric value, so they may not have started from "
+            "the same state (one value cannot tell when they parted)."
+        )
+    else:
+        head = "The runs differ from the first point on, so they did not start from the same state."
+    if cause:
+        return f"{head} {cause}\n{_LOCATE}"
     causes = "".join(
         f"\n  {number}. {cause}" for number, cause in enumerate(CAUSES_OF_A_DIFFERENT_START, 1)
     )
+    return f"{head} Likely causes, the most common first:{causes}\n{_LOCATE}"
+
+
+def noted_cause(notes: Sequence[EntryNote | None]) -> str:
+    """The cause of a different start that the runs' notes tell, or ``""`` when they do not.
+
+    A run that entered no block sent no note; a global generator that drew before
+    the first block, in a different state in each run, built something from it there.
+    """
+    if not notes:
+        return ""
+    if all(note is None for note in notes):
+        return (
+            "No run entered a detctx block or called detctx.seed_all (each tells detctx run "
+            "when it does), so detctx seeded nothing: wrap the training in `with "
+            "detctx.deterministic(seed=...)` or call detctx.seed_all(...) first."
+        )
+    if any(note is None for note in notes):
+        return ""
+    first = notes[0]
+    assert first is not None
+    if any(note is not None and note.seed != first.seed for note in notes):
+        seeds = ", ".join(str(note.seed) for note in notes if note is not None)
+        return (
+            f"The runs' first blocks had different seeds ({seeds}): give the block its seed, "
+            "deterministic(seed=...), or leave DETCTX_SEED set for seed=None to read."
+        )
+    apart = [
+        stream
+        for stream in ("torch", "numpy", "random")
+        if all(note is not None and stream in note.drawn for note in notes)
+        and len({note.drawn[stream] for note in notes if note is not None}) > 1
+    ]
+    if apart:
+        names = " and ".join(_STREAM_NAMES[stream] for stream in apart)
+        return (
+            f"Every run entered its first detctx block after drawing from {names}, which "
+            f"{'was' if len(apart) == 1 else 'were'} in another state in each run: whatever "
+            "drew those numbers (the model's "
+            "initial weights, the data, a random split) was made before the block and "
+            "differs. Create it inside the block, or call detctx.seed_all(seed) before it."
+        )
     return (
-        "The runs differ from the first point on, so they did not start from the same state. "
-        f"Likely causes, the most common first:{causes}"
+        f"Every run entered its first detctx block with seed {first.seed}, and nothing drawn "
+        "before it from Python's, NumPy's or torch's global generator differed, so the "
+        "difference most likely comes from a generator detctx does not seed: an unseeded "
+        "random.Random(), np.random.default_rng() or torch.Generator(), os.urandom, the "
+        "clock. Derive it from the run's seed, or register it with detctx.register_source."
+    )
+
+
+def exported_seed(notes: Sequence[EntryNote | None], seed: int) -> str:
+    """What to know when a run's block took its seed from the ``DETCTX_SEED`` that only
+    ``detctx run`` exported, or ``""``: plain runs of the script draw a fresh seed."""
+    if not any(note is not None and note.seed_from == "environment" for note in notes):
+        return ""
+    return (
+        f"Note: the runs took their seed from {SEED_ENV}={seed}, which detctx run exports: "
+        "run as a plain `python train.py`, deterministic(seed=None) (or seed_all()) draws a "
+        "fresh seed, so plain runs will not reproduce. Give the seed in the script, "
+        f"deterministic(seed={seed}), or export {SEED_ENV}={seed} wherever it runs."
     )

@@ -6,16 +6,19 @@ import os
 import re
 import select
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Final
 
-from detctx._basics import SEED_ENV, MetricsError
+from detctx._basics import NOTES_ENV, SEED_ENV, EntryNote, MetricsError, read_entry_note
 from detctx._cli.curves import Curve, Point, parse_line
 from detctx._cli.lines import LineReader
 from detctx._cli.paths import open_for_writing, refuse_planted
@@ -32,6 +35,7 @@ from detctx._environment import env_switches
 __all__ = [
     "Progress",
     "RunFailed",
+    "RunNotes",
     "determinism_env",
     "determinism_variables",
     "log_file",
@@ -83,6 +87,33 @@ def determinism_env(seed: int, base: Mapping[str, str]) -> dict[str, str]:
         if wanted is not None:
             env[switch.variable] = wanted
     return env
+
+
+class RunNotes:
+    """The files each run notes its first block in (:mod:`detctx._basics.run_notes`), in a
+    folder of their own removed by :meth:`read` (or at exit, when a run failed)."""
+
+    def __init__(self, runs: int) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="detctx-notes-"))
+        self._cleanup = weakref.finalize(self, shutil.rmtree, self.folder, ignore_errors=True)
+        self.runs = runs
+        for index in range(1, runs + 1):
+            # Created here, empty: a run appends to it and never creates one.
+            os.close(os.open(self._path(index), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+
+    def _path(self, index: int) -> Path:
+        return self.folder / f"run{index}.notes"
+
+    def env_for(self, index: int, env: Mapping[str, str]) -> dict[str, str]:
+        """``env`` for run ``index`` (1-based), naming the file it notes its first block in."""
+        return {**env, NOTES_ENV: str(self._path(index))}
+
+    def read(self) -> list[EntryNote | None]:
+        """Each run's note (``None`` for a run that entered no block), then remove them."""
+        try:
+            return [read_entry_note(self._path(index)) for index in range(1, self.runs + 1)]
+        finally:
+            self._cleanup()
 
 
 @dataclass

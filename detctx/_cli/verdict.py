@@ -25,15 +25,29 @@ _FULL_PRECISION_ADVICE = (
 )
 
 
-def describe(comparison: CurveComparison, what: str = "metric") -> str:
+def describe(
+    comparison: CurveComparison,
+    what: str = "metric",
+    *,
+    start: str | None = None,
+    cause: str = "",
+    notes: str = "",
+) -> str:
     """A summary of the comparison, a table around the first divergence, and the verdict.
 
     Curves of different lengths (a run that stopped early, a truncated log)
     differ; the summary says where the shorter ones end, and how the points
     all curves have compare. Files are named by what tells them apart
-    (:func:`~detctx._cli.curves.short_names`).
+    (:func:`~detctx._cli.curves.short_names`). Curves that differ at their first
+    point are followed by ``start`` (``""``: nothing), by default by
+    :func:`~detctx._cli.hints.different_start` with ``cause`` (the likely causes when
+    ``""``); ``notes`` end every verdict.
     """
-    comparison = shortened(comparison)
+    text = _verdict(shortened(comparison), what, start, cause)
+    return f"{text}\n{notes}" if notes else text
+
+
+def _verdict(comparison: CurveComparison, what: str, start: str | None, cause: str) -> str:
     curves = comparison.curves
     lines = []
     counts = ", ".join(f"{curve.name}: {len(curve.points)}" for curve in curves)
@@ -57,14 +71,14 @@ def describe(comparison: CurveComparison, what: str = "metric") -> str:
     lines.append(_table(curves, max(0, first - 2), min(comparison.length, first + 4)))
     common = min(len(curve.points) for curve in curves)
     if common < comparison.length:
-        lines.append(_lengths(comparison, common))
+        lines.append(_lengths(comparison, common, start, cause))
         return "\n".join(lines)
     lines.append(
         f"curves DIFFER: first divergence at point {first + 1} of {comparison.length}"
         f"{_where(curves, first)}{_parting(curves, first)}; {comparison.differing} of "
         f"{comparison.length} points differ, max abs difference {comparison.max_abs_diff:.6g}."
     )
-    return "\n".join(lines + ([different_start()] if first == 0 else []))
+    return "\n".join(lines) + (_start_line(comparison.length, start, cause) if first == 0 else "")
 
 
 def _how(curves: Sequence[Curve]) -> str:
@@ -74,7 +88,7 @@ def _how(curves: Sequence[Curve]) -> str:
     return f"at the printed precision ({digits_text(digits)})"
 
 
-def _lengths(comparison: CurveComparison, common: int) -> str:
+def _lengths(comparison: CurveComparison, common: int, start: str | None, cause: str) -> str:
     """The verdict for curves of different lengths: where each short one ends, then the
     comparison of the ``common`` points every curve has."""
     ends = []
@@ -104,7 +118,12 @@ def _lengths(comparison: CurveComparison, common: int) -> str:
         f"{within.first + 1}{_where(comparison.curves, within.first)}"
         f"{_parting(comparison.curves, within.first)}; {within.differing} of {common} differ, "
         f"max abs difference {within.max_abs_diff:.6g}."
-    ) + ("\n" + different_start() if within.first == 0 else "")
+    ) + (_start_line(common, start, cause) if within.first == 0 else "")
+
+
+def _start_line(points: int, start: str | None, cause: str) -> str:
+    text = different_start(points, cause) if start is None else start
+    return "\n" + text if text else ""
 
 
 def _where(curves: Sequence[Curve], index: int) -> str:
