@@ -98,6 +98,11 @@ class DeterministicCallback(_TrainerCallback, _ExportableState):  # type: ignore
     ``trainer.train(resume_from_checkpoint=...)`` from a checkpoint saved in
     the middle of an epoch continues bit for bit, with loader workers or
     without. ``resumable=False`` leaves the collator alone.
+
+    A resume with another world size, another training dataset length or
+    another number of batches an epoch (the Trainer skips the trained batches
+    by count) raises :class:`~detctx.CheckpointError` in ``on_train_begin``,
+    before any step.
     """
 
     def __init__(
@@ -115,6 +120,9 @@ class DeterministicCallback(_TrainerCallback, _ExportableState):  # type: ignore
         self.resumable = resumable
         self._collate: KeyedCollate | None = None
         self._persistent = False
+        # The training data's (samples, batches an epoch), for the checkpoint: known from
+        # on_train_begin on (None before, and for data without a length).
+        self._data: tuple[int | None, int | None] = (None, None)
 
     @property
     def eval_seed(self) -> int | None:
@@ -141,15 +149,27 @@ class DeterministicCallback(_TrainerCallback, _ExportableState):  # type: ignore
         size, which a resumed run must have (each rank's ``rng_state_<rank>.pth`` and data
         shard belong to it)."""
         arguments = {"eval_seed": self.eval_seed, "resumable": self.resumable, **self._switches}
-        return {"args": arguments, "attributes": {"saved_world_size": _world_size()}}
+        samples, batches = self._data
+        attributes = {
+            "saved_world_size": _world_size(),
+            "saved_samples": samples,
+            "saved_batches": batches,
+        }
+        return {"args": arguments, "attributes": attributes}
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        _refuse_other_world_size(state)
+        # Every refusal comes before anything changes: the Trainer skips the trained batches
+        # by count alone, and only this event sees both the saved state and the new loader.
+        loader = kwargs.get("train_dataloader")
+        saved = _saved_attributes(state)
+        _refuse_other_world_size(saved)
+        data = _data_sizes(loader)
+        _refuse_other_data(saved, data)
+        self._data = data
         self.close()
         self._collate = None
         self._persistent = _persistent_workers(args)
         if self.resumable:
-            loader = kwargs.get("train_dataloader")
             self._collate = _key_collate(loader, int(args.seed))
             if self._persistent:
                 _own_base_seeds(loader, int(args.seed), int(args.process_index))
@@ -214,15 +234,21 @@ def _world_size() -> int:
     return rank_and_world()[1]
 
 
-def _refuse_other_world_size(state: Any) -> None:
+def _saved_attributes(state: Any) -> dict[str, Any]:
+    """What the checkpoint being resumed saved of this callback (empty: a fresh run, or a
+    checkpoint saved without it)."""
+    saved = (getattr(state, "stateful_callbacks", None) or {}).get("DeterministicCallback")
+    saved = saved[0] if isinstance(saved, list) and saved else saved
+    attributes = saved.get("attributes") if isinstance(saved, dict) else None
+    return attributes if isinstance(attributes, dict) else {}
+
+
+def _refuse_other_world_size(saved: dict[str, Any]) -> None:
     """Raise :class:`~detctx.CheckpointError` when a resumed ``TrainerState`` was saved by
     another number of processes. The Trainer itself warns and goes on: it looks for
     ``rng_state_<rank>.pth`` (or ``rng_state.pth`` alone), and the sampler shards the
     data for the new world size, so the resumed run reads other batches."""
-    saved = (getattr(state, "stateful_callbacks", None) or {}).get("DeterministicCallback")
-    saved = saved[0] if isinstance(saved, list) and saved else saved
-    attributes = saved.get("attributes") if isinstance(saved, dict) else None
-    world = attributes.get("saved_world_size") if isinstance(attributes, dict) else None
+    world = saved.get("saved_world_size")
     if world is None or world == _world_size():
         return
     raise CheckpointError(
@@ -231,6 +257,44 @@ def _refuse_other_world_size(state: Any) -> None:
         "rng_state_<rank>.pth and data shard belong to the world size that saved them. "
         f"Resume with {world} process(es), or start a new run from the checkpoint's weights"
     )
+
+
+def _data_sizes(loader: Any) -> tuple[int | None, int | None]:
+    """The training loader's dataset length and batches an epoch (``None``: no length)."""
+
+    def size(value: Any) -> int | None:
+        try:
+            return len(value)
+        except (TypeError, NotImplementedError, AttributeError):
+            return None
+
+    if loader is None:
+        return None, None
+    return size(getattr(loader, "dataset", None)), size(loader)
+
+
+def _refuse_other_data(saved: dict[str, Any], data: tuple[int | None, int | None]) -> None:
+    """Raise :class:`~detctx.CheckpointError` when the checkpoint was saved training on a
+    dataset of another length, or with another number of batches an epoch (another batch
+    size, ``drop_last``). The Trainer skips ``global_step`` batches by count, without
+    looking at what they were: on other data, the resumed run reads other samples than the
+    straight one would, epochs begin elsewhere, and nothing says so (a resumable or elastic
+    loader of detctx refuses a dataset of another length the same way)."""
+    samples, batches = data
+    found = (
+        ("saved_samples", samples, "trained on a dataset of {} samples", "dataset has {}"),
+        ("saved_batches", batches, "saved with {} training batches an epoch", "loader has {}"),
+    )
+    for entry, now, then_text, now_text in found:
+        then = saved.get(entry)
+        if then is not None and now is not None and then != now:
+            raise CheckpointError(
+                f"the checkpoint was {then_text.format(then)}; this run's training "
+                f"{now_text.format(now)}: the Trainer would skip the batches trained by count, "
+                "read other samples and start the epochs elsewhere, and go on as if resumed. "
+                "Resume with the dataset and batch size the checkpoint was saved with, or "
+                "start a new run from the checkpoint's weights"
+            )
 
 
 def _persistent_workers(args: Any) -> bool:
