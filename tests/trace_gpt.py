@@ -111,7 +111,7 @@ def train(*, steps: int = 2, kernel: str = "flash", scale_layer: int | None = No
             loss = model(tokens[step, :, :-1], tokens[step, :, 1:])
             loss.backward()
             optimiser.step()
-    return float(loss)
+    return float(loss.detach())
 
 
 def main() -> None:

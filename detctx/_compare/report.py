@@ -142,7 +142,13 @@ class TraceComparison:
         else:
             origin = self.origin
             lines.append(f"traces DIFFER: {len(self.past_tolerance)} ops past tolerance.")
-            if origin is not None:
+            if origin is None:
+                lines.append(
+                    "no origin: every op past tolerance inherited its error from its inputs "
+                    "(the error grew op by op, as rounding noise does, rather than entering at "
+                    "one op)"
+                )
+            else:
                 lines.append(
                     f"origin: rank {origin['rank']}, op {origin['index']} {origin['op']} in "
                     f"{origin['module_path'] or '(no module)'} ({origin['source']}): error "

@@ -1,0 +1,226 @@
+"""Across environments: record a step once, compare it with another environment's within
+tolerance, and name the op where an error starts (not every op it reaches)."""
+
+from __future__ import annotations
+
+import json
+import struct
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import detctx
+from detctx._cli import main
+from detctx._compare.sketch import COLUMNS, SIGNS, estimate_difference, statistics
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import trace_gpt  # noqa: E402
+
+HAS_FLASH = hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
+SCALE_LINE = next(
+    number
+    for number, line in enumerate(Path(trace_gpt.__file__).read_text().splitlines(), start=1)
+    if line.strip() == trace_gpt.SCALE_LINE
+)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    # Recording runs many small ops; on a loaded machine their threads wait for each other.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def record(path: Path, **options: object) -> Path:
+    with detctx.recording(path):
+        trace_gpt.train(**options)  # type: ignore[arg-type]
+    return path
+
+
+def compare_json(a: Path, b: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict]:
+    status = main(["compare", str(a), str(b), "--json"])
+    return status, json.loads(capsys.readouterr().out)
+
+
+def test_the_same_step_recorded_twice_agrees_bit_for_bit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a, b = record(tmp_path / "a.trace"), record(tmp_path / "b.trace")
+    status, result = compare_json(a, b, capsys)
+    assert status == 0
+    assert result["agree"] and result["bitwise"]
+    assert result["origin"] is None and result["past_tolerance"] == []
+    assert result["environment_differences"] == {}
+
+
+@pytest.mark.skipif(not HAS_FLASH, reason="this torch has no flash SDPA kernel on the CPU")
+def test_flash_against_math_attention_agrees_within_tolerance_but_not_bitwise(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = record(tmp_path / "flash.trace")
+    b = record(tmp_path / "math.trace", kernel="math")
+    status, result = compare_json(a, b, capsys)
+    assert status == 0, result["past_tolerance"][:3]
+    assert result["agree"] and not result["bitwise"]
+    partial = {entry["module_path"] for entry in result["partial_alignment"]}
+    assert partial == {f"GPT.h.{layer}.attn" for layer in range(trace_gpt.LAYERS)}
+
+
+@pytest.mark.parametrize("kernel", ["flash", "math"])
+def test_a_multiply_in_one_mlp_is_the_origin_and_later_ops_inherit(
+    kernel: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if kernel == "math" and not HAS_FLASH:
+        pytest.skip("this torch has no flash SDPA kernel on the CPU")
+    a = record(tmp_path / "a.trace")
+    b = record(tmp_path / "b.trace", kernel=kernel, scale_layer=1)
+    status, result = compare_json(a, b, capsys)
+    assert status == 1 and not result["agree"]
+    origin = result["origin"]
+    assert origin["op"] == "aten::mul.Tensor"
+    assert origin["module_path"] == "GPT.h.1.mlp"
+    assert origin["source"].endswith(f"trace_gpt.py:{SCALE_LINE}")
+    assert origin["rank"] == 0 and origin["error"] > origin["tolerance"]
+    later = [entry for entry in result["past_tolerance"] if entry["index"] > origin["index"]]
+    assert len(later) > 100
+    assert {entry["kind"] for entry in later} == {"inherited"}
+    assert min(entry["index"] for entry in result["past_tolerance"]) == origin["index"]
+
+
+def test_the_text_report_names_the_origin_and_the_plot_is_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("matplotlib")
+    a = record(tmp_path / "a.trace")
+    b = record(tmp_path / "b.trace", scale_layer=1)
+    status = main(["compare", str(a), str(b), "--plot", str(tmp_path / "errors.png")])
+    out = capsys.readouterr().out
+    assert status == 1
+    assert f"origin: rank 0, op " in out and "aten::mul.Tensor in GPT.h.1.mlp" in out
+    assert (tmp_path / "errors.png").stat().st_size > 10_000
+
+
+def _with_environment(path: Path, **changes: str) -> None:
+    """Rewrite a trace's header as another machine's would read (chunks stay as they are)."""
+    data = path.read_bytes()
+    magic, version, size = struct.unpack_from("<8sII", data)
+    header = json.loads(data[16 : 16 + size])
+    header["environment"].update(changes)
+    text = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<8sII", magic, version, len(text)) + text + data[16 + size :])
+
+
+def test_another_torch_release_and_a_variable_set_in_b_only_are_environment_differences(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a = record(tmp_path / "a.trace")
+    monkeypatch.setenv("NCCL_ALGO", "Ring")
+    b = record(tmp_path / "b.trace")
+    _with_environment(a, torch="2.1.2+cpu")
+    status, result = compare_json(a, b, capsys)
+    assert status == 0 and result["bitwise"]
+    assert result["environment_differences"] == {
+        "env.NCCL_ALGO": [None, "Ring"],
+        "torch": ["2.1.2+cpu", torch.__version__],
+    }
+
+
+def test_traces_of_two_different_programs_cannot_be_compared(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = record(tmp_path / "a.trace")
+    b = tmp_path / "b.trace"
+    with detctx.recording(b):
+        torch.nn.Conv2d(3, 8, 3)(torch.randn(2, 3, 16, 16)).relu().sum().backward()
+    assert main(["compare", str(a), str(b)]) == 2
+    err = capsys.readouterr().err
+    assert "record different programs" in err and str(a) in err
+
+
+@pytest.mark.parametrize("damage", ["cut", "flipped", "header"])
+def test_a_damaged_trace_stops_the_compare_with_the_file_named(
+    damage: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = record(tmp_path / "a.trace")
+    b = tmp_path / "b.trace"
+    data = bytearray(a.read_bytes())
+    if damage == "cut":
+        data = data[: len(data) // 2]
+    elif damage == "flipped":
+        data[len(data) // 2] ^= 0x10
+    else:
+        data[20] = ord("!")
+    b.write_bytes(bytes(data))
+    assert main(["compare", str(a), str(b)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("detctx: error: trace ") and str(b) in err
+    assert "Traceback" not in err
+    with pytest.raises(detctx.TraceError, match=str(b)):
+        detctx.compare_traces(a, b)
+
+
+def test_compare_traces_returns_the_json_fields_as_an_object(tmp_path: Path) -> None:
+    a = record(tmp_path / "a.trace")
+    b = record(tmp_path / "b.trace", scale_layer=0)
+    result = detctx.compare_traces(a, b)
+    assert not result.agree and not result.bitwise
+    assert result.origin is not None and result.origin["module_path"] == "GPT.h.0.mlp"
+    fields = {"rank", "index", "op", "module_path", "source", "error", "tolerance", "kind"}
+    assert fields <= set(result.origin) and all(fields <= set(e) for e in result.past_tolerance)
+    assert set(result.as_dict()) >= {
+        "agree",
+        "bitwise",
+        "origin",
+        "past_tolerance",
+        "environment_differences",
+    }
+    loose = detctx.compare_traces(a, b, rtol=0.1)
+    assert loose.agree and loose.origin is None
+
+
+def test_rounding_a_float32_tensor_to_bfloat16_is_past_the_default_tolerance(
+    tmp_path: Path,
+) -> None:
+    x = torch.randn(64, 64)
+    with detctx.recording(tmp_path / "a.trace"):
+        (x @ x).tanh()
+    with detctx.recording(tmp_path / "b.trace"):
+        (x @ x).to(torch.bfloat16).to(torch.float32).tanh()
+    result = detctx.compare_traces(tmp_path / "a.trace", tmp_path / "b.trace")
+    assert not result.agree
+    assert result.origin is not None and result.origin["op"] == "aten::_to_copy"
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_sketch_estimates_a_difference_within_its_stated_accuracy(seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    size = int(torch.randint(1, 200_000, (), generator=generator))
+    a = torch.randn(size, generator=generator)
+    relative = 10.0 ** float(torch.empty(()).uniform_(-7, -1, generator=generator))
+    b = a + relative * a.norm() / size**0.5 * torch.randn(size, generator=generator)
+    # Differences spread over many elements: within about 9% (we allow 3 sigma).
+    row_a, row_b = statistics(a.double()), statistics(b.double())
+    assert row_a is not None and row_b is not None
+    estimate = float(estimate_difference(row_a[7:], row_b[7:]))
+    truth = float((a.double() - b.double()).norm())
+    if size >= 4 * SIGNS * COLUMNS:
+        assert abs(estimate / truth - 1) < 0.3
+    # Any difference: within a factor of 3 (worst case: the same in every column).
+    assert truth / 3 < estimate < truth * 3 or size < 64
+
+
+def test_the_sketch_sees_a_change_in_one_element() -> None:
+    a = torch.randn(1000)
+    b = a.clone()
+    b[637] += 1.0
+    row_a, row_b = statistics(a), statistics(b)
+    assert row_a is not None and row_b is not None
+    assert np.isclose(float(estimate_difference(row_a[7:], row_b[7:])), 1.0, rtol=1e-5)
+    assert row_a[0] == 1000 and np.isclose(row_a[5], float(a.mean()), rtol=1e-5)
+    assert np.isclose(row_a[6], float(a.norm()), rtol=1e-6)
