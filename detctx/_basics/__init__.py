@@ -27,6 +27,13 @@ from detctx._basics.errors import (
     UndeclaredStreamError,
 )
 from detctx._basics.run_notes import NOTES_ENV, EntryNote, note_entry, read_entry_note
+from detctx._basics.scratch import (
+    SCRATCH_LOCK,
+    SCRATCH_PREFIX,
+    Scratch,
+    scratch_folder,
+    sweep_scratch,
+)
 from detctx._basics.seeds import (
     CAUSES_OF_A_DIFFERENT_START,
     DEFAULT_SEED,
@@ -55,6 +62,8 @@ __all__ = [
     "DEFAULT_SEED",
     "MAX_SEED",
     "NOTES_ENV",
+    "SCRATCH_LOCK",
+    "SCRATCH_PREFIX",
     "SEED_ENV",
     "CheckpointError",
     "DetctxError",
@@ -66,6 +75,7 @@ __all__ = [
     "NotReproducibleError",
     "OutOfOrderExitError",
     "RankDivergenceError",
+    "Scratch",
     "SeedAgreementError",
     "SeedMismatchError",
     "TraceError",
@@ -90,6 +100,8 @@ __all__ = [
     "reset_caches",
     "resolve_seed",
     "same_float",
+    "scratch_folder",
+    "sweep_scratch",
     "validate_seed",
     "warn_at_user",
     "worker_seed",

@@ -8,7 +8,8 @@ whose first Python process imports the detctx installed with it. A command
 that starts no such Python process (a binary, ``python -I`` or ``-S``)
 writes no trace, and that is reported, not guessed around. The traces are
 kept as ``runN.trace`` in ``--log-dir`` when given, else in a temporary
-folder removed afterwards; they are read back as untrusted input. In
+folder removed afterwards (or by the next recording, if this one is killed:
+see :mod:`detctx._basics.scratch`); they are read back as untrusted input. In
 ``--log-dir`` the shim gets a folder of its own that detctx creates
 (``detctx-site-`` and eight random characters), and only what detctx put there is removed (see
 :mod:`detctx._cli.paths`).
@@ -21,7 +22,6 @@ the end does.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import tempfile
 import weakref
@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from detctx._basics import TraceError
+from detctx._basics import Scratch, TraceError, scratch_folder
 from detctx._cli.curves import Curve, CurveComparison, compare
 from detctx._cli.paths import refuse_link, remove_created
 
@@ -70,12 +70,12 @@ if _spec is not None and _spec.loader is not None:
 class Tracing:
     """The traces of one ``detctx run --locate``: where they go, and what they say."""
 
-    def __init__(self, folder: Path, *, temporary: bool) -> None:
+    def __init__(self, folder: Path, *, scratch: Scratch | None = None) -> None:
         self.folder = folder
-        self.temporary = temporary
+        self.temporary = scratch is not None
         self.site = Path(tempfile.mkdtemp(prefix="detctx-site-", dir=folder))
         # Removed by close(), or at exit when a run failed before the report.
-        self._cleanup = weakref.finalize(self, _clean_up, folder, self.site, temporary)
+        self._cleanup = weakref.finalize(self, _clean_up, self.site, scratch)
         descriptor = os.open(self.site / "sitecustomize.py", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         with open(descriptor, "w", encoding="utf-8") as shim:
             shim.write(_SHIM)
@@ -84,9 +84,12 @@ class Tracing:
     @classmethod
     def start(cls, log_dir: Path | None) -> Tracing:
         if log_dir is None:
-            return cls(Path(tempfile.mkdtemp(prefix="detctx-locate-")), temporary=True)
+            # Locked while this process lives: the next recording removes it if this one
+            # is killed before removing it itself.
+            scratch = scratch_folder()
+            return cls(scratch.path, scratch=scratch)
         log_dir.mkdir(parents=True, exist_ok=True)
-        return cls(log_dir, temporary=False)
+        return cls(log_dir)
 
     def check(self, runs: int) -> None:
         """Refuse, before the first run, a trace path that is a link someone planted."""
@@ -138,9 +141,9 @@ class Tracing:
             self.close()
 
 
-def _clean_up(folder: Path, site: Path, temporary: bool) -> None:
-    if temporary:
-        shutil.rmtree(folder, ignore_errors=True)  # detctx made the folder, and all in it
+def _clean_up(site: Path, scratch: Scratch | None) -> None:
+    if scratch is not None:
+        scratch.close()  # detctx made the folder, and all in it
     else:
         _remove_site(site)
 

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from detctx._basics import DEFAULT_SEED, as_integer, resolve_seed, validate_seed
+from detctx._basics import (
+    DEFAULT_SEED,
+    as_integer,
+    resolve_seed,
+    scratch_folder,
+    validate_seed,
+)
 from detctx._blocks import deterministic
 from detctx._locate.batch import RowReader, RowWriter
 from detctx._locate.callsite import defined_at
@@ -103,46 +108,62 @@ def locate_divergence(
     from detctx._locate.recorder import dispatch_mode_class
 
     dispatch_mode_class()
-    with tempfile.TemporaryDirectory(prefix="detctx-locate-") as folder:
-        path = Path(folder) / "run1.rows"
-        writer = RowWriter(path)
+    # A folder of its own, locked while this process lives: the next recording removes it
+    # if this one is killed before removing it itself.
+    scratch = scratch_folder()
+    try:
+        return _located(block, scratch.path / "run1.rows", fn, args, kwargs, runs)
+    finally:
+        scratch.close()
+
+
+def _located(
+    block: deterministic,
+    path: Path,
+    fn: Callable[..., Any],
+    args: Any,
+    kwargs: Any,
+    runs: int,
+) -> Divergence | None:
+    """Record run 1 into ``path``; compare each later run with it; the first divergence."""
+    writer = RowWriter(path)
+    try:
+        first = _recorded(block, writer, fn, args, kwargs)
+    finally:
+        writer.close()
+    for run in range(2, runs + 1):
+        reference = RowReader(path, writer.count)
+        comparison = OpComparison(reference, run)
         try:
-            first = _recorded(block, writer, fn, args, kwargs)
+            result = _recorded(block, comparison, fn, args, kwargs)
+            found = comparison.finish()
         finally:
-            writer.close()
-        for run in range(2, runs + 1):
-            reference = RowReader(path, writer.count)
-            comparison = OpComparison(reference, run)
-            try:
-                result = _recorded(block, comparison, fn, args, kwargs)
-                found = comparison.finish()
-            finally:
-                reference.close()
-            if found is None:
-                found = _result_divergence(fn, first, result, run, writer.count)
-            if found is None:
-                continue
-            if found.reason != "values" or comparison.reference_record is None:
-                return found
-            reference = RowReader(path, writer.count)
-            replay = Capture(found.index, reference)
-            try:
-                _recorded(block, replay, fn, args, kwargs)
-            finally:
-                reference.close()
-            if not replay.agreed:
-                return found
-            differs = element_difference(replay.tensors, comparison.tensors)
-            if differs is None:
-                return found
-            return replace(
-                found,
-                output=differs.output,
-                outputs=differs.outputs,
-                dtype=differs.dtype,
-                shape=differs.shape,
-                mismatched=differs.mismatched,
-                total=differs.total,
-                max_abs_diff=differs.max_abs_diff,
-            )
+            reference.close()
+        if found is None:
+            found = _result_divergence(fn, first, result, run, writer.count)
+        if found is None:
+            continue
+        if found.reason != "values" or comparison.reference_record is None:
+            return found
+        reference = RowReader(path, writer.count)
+        replay = Capture(found.index, reference)
+        try:
+            _recorded(block, replay, fn, args, kwargs)
+        finally:
+            reference.close()
+        if not replay.agreed:
+            return found
+        differs = element_difference(replay.tensors, comparison.tensors)
+        if differs is None:
+            return found
+        return replace(
+            found,
+            output=differs.output,
+            outputs=differs.outputs,
+            dtype=differs.dtype,
+            shape=differs.shape,
+            mismatched=differs.mismatched,
+            total=differs.total,
+            max_abs_diff=differs.max_abs_diff,
+        )
     return None
