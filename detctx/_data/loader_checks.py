@@ -126,8 +126,20 @@ def check_configuration(saved: Any, live: Mapping[str, Any], where: str) -> None
             differences.append(f"{name} was {shown(was)}, is {now!r} now")
     if not differences:
         return
-    placed = all(same_plain(saved[key], live[key]) for key in ("rank", "world_size"))
-    if not placed:
+    if not same_plain(saved["world_size"], live["world_size"]):
+        # The rank named here may have saved nothing (1 rank then, 2 now): say what to do.
+        ranks = f"{shown(saved['world_size'])} rank" + (
+            "" if same_plain(saved["world_size"], 1) else "s"
+        )
+        advice = (
+            f"run on the {ranks} that saved it, each loading the state its own rank saved (a "
+            "resumable loader's position belongs to its rank's share of the data); to go on "
+            f"with {live['world_size']}, build the loader with detctx.elastic_loader, whose "
+            "state resumes on another world size, or load the model and optimiser without "
+            "detctx.resume and start a new epoch (the run then differs from one that never "
+            "stopped)"
+        )
+    elif not same_plain(saved["rank"], live["rank"]):
         advice = (
             "each rank saves and resumes its own state, on as many ranks as saved it: load "
             f"the checkpoint rank {live['rank']} wrote (for example f'checkpoint.rank{{rank}}.pt')"
