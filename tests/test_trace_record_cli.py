@@ -1,0 +1,96 @@
+"""``detctx record`` runs a command once and writes its trace, with no change to the script;
+under torchrun each rank writes its own, and ``detctx compare`` names the rank where an
+error starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+
+
+def detctx(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "detctx", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=ENV,
+        cwd=ROOT,
+    )
+
+
+@pytest.mark.slow
+def test_record_writes_a_trace_of_an_unchanged_script_and_compare_finds_the_change(
+    tmp_path: Path,
+) -> None:
+    script = str(TESTS / "trace_gpt.py")
+    first = detctx("record", "-o", str(tmp_path / "a.trace"), "--", sys.executable, script)
+    assert first.returncode == 0, first.stderr
+    assert f"trace written to {tmp_path / 'a.trace'}" in first.stdout
+    again = detctx(
+        "record",
+        "-o",
+        str(tmp_path / "b.trace"),
+        "--",
+        sys.executable,
+        script,
+        "--scale-layer",
+        "0",
+    )
+    assert again.returncode == 0, again.stderr
+    compared = detctx("compare", str(tmp_path / "a.trace"), str(tmp_path / "b.trace"), "--json")
+    assert compared.returncode == 1, compared.stderr
+    origin = json.loads(compared.stdout)["origin"]
+    assert (origin["op"], origin["module_path"]) == ("aten::mul.Tensor", "GPT.h.0.mlp")
+
+
+@pytest.mark.slow
+def test_a_command_that_starts_no_python_writes_no_trace(tmp_path: Path) -> None:
+    result = detctx("record", "-o", str(tmp_path / "a.trace"), "--", "true")
+    assert result.returncode == 2
+    assert "wrote no trace" in result.stderr and "Traceback" not in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_record_refuses_to_overwrite_a_file_that_is_not_a_trace(tmp_path: Path) -> None:
+    precious = tmp_path / "notes.txt"
+    precious.write_text("keep me")
+    result = detctx("record", "-o", str(precious), "--", sys.executable, "-c", "pass")
+    assert result.returncode == 2 and "is not a trace detctx recorded" in result.stderr
+    assert precious.read_text() == "keep me"
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_launch_at_a_time")
+def test_under_torchrun_each_rank_records_and_the_origin_names_rank_1(tmp_path: Path) -> None:
+    launch = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(TESTS / "trace_ranks.py"),
+    ]
+    plain = detctx("record", "-o", str(tmp_path / "a"), "--", *launch)
+    assert plain.returncode == 0, plain.stderr
+    changed = detctx("record", "-o", str(tmp_path / "b"), "--", *launch, "--scale-rank", "1")
+    assert changed.returncode == 0, changed.stderr
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["rank0.trace", "rank1.trace"]
+    compared = detctx("compare", str(tmp_path / "a"), str(tmp_path / "b"), "--json")
+    assert compared.returncode == 1, compared.stderr
+    result = json.loads(compared.stdout)
+    assert result["origin"]["rank"] == 1
+    assert result["origin"]["module_path"] == "GPT.h.1.mlp"
+    same = detctx("compare", str(tmp_path / "a"), str(tmp_path / "a"))
+    assert same.returncode == 0 and "bit for bit" in same.stdout
