@@ -5,20 +5,17 @@ from __future__ import annotations
 
 import json
 import struct
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import trace_gpt
 
 import detctx
 from detctx._cli import main
 from detctx._compare.sketch import COLUMNS, SIGNS, estimate_difference, statistics
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import trace_gpt  # noqa: E402
 
 HAS_FLASH = hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
 SCALE_LINE = next(
@@ -102,7 +99,7 @@ def test_the_text_report_names_the_origin_and_the_plot_is_written(
     status = main(["compare", str(a), str(b), "--plot", str(tmp_path / "errors.png")])
     out = capsys.readouterr().out
     assert status == 1
-    assert f"origin: rank 0, op " in out and "aten::mul.Tensor in GPT.h.1.mlp" in out
+    assert "origin: rank 0, op " in out and "aten::mul.Tensor in GPT.h.1.mlp" in out
     assert (tmp_path / "errors.png").stat().st_size > 10_000
 
 
