@@ -37,6 +37,7 @@ SCENARIOS = {
     "locate": "benchmarks.s9_locate",
     "elastic": "benchmarks.elastic_loader",
     "locate_speed": "benchmarks.s10_locate_speed",
+    "dcp": "benchmarks.dcp_resume",
 }
 
 

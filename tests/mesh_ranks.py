@@ -19,6 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import Replicate, distribute_tensor
 from torch.distributed.tensor import _random as dtensor_random
 
@@ -49,6 +50,21 @@ def inside(mesh: DeviceMesh, dims: tuple[str, ...]) -> dict[str, Any]:
     return seen
 
 
+def sharded_after_distinct_init(mesh: DeviceMesh) -> dict[str, Any]:
+    """A layer built where the dp ranks' streams differ, then sharded over dp."""
+    with detctx.distributed_deterministic(seed=SEED, mesh=mesh, distinct_dims=("dp", "pp")):
+        layer = torch.nn.Linear(2, 4)
+    own = layer.weight.detach().clone()
+    fully_shard(layer, mesh=mesh["dp"])
+    full = layer.weight.full_tensor()
+    dp_rank = mesh.get_local_rank("dp")
+    mine = slice(2 * dp_rank, 2 * dp_rank + 2)
+    return {
+        "own rows kept": torch.equal(full[mine], own[mine]),
+        "whole layer is this rank's": torch.equal(full, own),
+    }
+
+
 def error_of(action: Any) -> str:
     try:
         action()
@@ -69,6 +85,7 @@ def main() -> None:
         "pp": inside(mesh, ("pp",)),
         "dp, pp": inside(mesh, ("dp", "pp")),
         "no distinct dims": inside(mesh, ()),
+        "fully_shard after a distinct init": sharded_after_distinct_init(mesh),
         "not in the mesh": error_of(
             lambda: detctx.distributed_deterministic(seed=SEED, mesh=first_two)
         ),

@@ -11,7 +11,16 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SINGLE_PROCESS = ("block", "seed_all", "steps", "snapshot", "numpy_floor", "locate", "elastic")
+SINGLE_PROCESS = (
+    "block",
+    "seed_all",
+    "steps",
+    "snapshot",
+    "numpy_floor",
+    "locate",
+    "elastic",
+    "dcp",
+)
 START_UP = ("first_block", "pytest_startup")
 
 
@@ -64,6 +73,7 @@ def test_quick_run_of_the_single_process_scenarios_writes_every_row(tmp_path: Pa
     assert "decorated coroutine await" in text and "decorated generator step" in text
     assert "recorded demo training step" in text and "recorded model step alone" in text
     assert 'elastic_loader(streams=["torch"])' in text
+    assert "dcp.save with dcp_resume_state" in text and "## DCP checkpoint bytes" in text
 
 
 @pytest.mark.slow

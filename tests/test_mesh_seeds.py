@@ -134,7 +134,8 @@ def test_a_mesh_the_rank_is_not_in_and_disagreeing_ranks_are_refused(
 
 class FakeTrackerModule:
     """What detctx uses of ``torch.distributed.tensor._random`` on a device with an RNG
-    tracker (CUDA-like devices; this machine has none): the tracker slot and the class."""
+    tracker (CUDA-like devices; this machine has none): the tracker slot and ``manual_seed``,
+    which makes a tracker without state sync where there is none, as torch 2.13's does."""
 
     class OffsetBasedRNGTracker:
         def __init__(self, mesh: Any, run_state_sync: bool = True) -> None:
@@ -143,24 +144,30 @@ class FakeTrackerModule:
 
     _rng_tracker: Any = None
 
+    def manual_seed(self, seed: int, mesh: Any) -> None:
+        if self._rng_tracker is None:
+            self._rng_tracker = self.OffsetBasedRNGTracker(mesh, run_state_sync=False)
+        self._rng_tracker.rng_states["parallel-rng"] = torch.tensor([seed], dtype=torch.uint8)
 
-def test_the_dtensor_tracker_is_made_without_state_sync_and_put_back_on_exit(
+
+def test_the_dtensor_tracker_is_seeded_on_entry_and_put_back_on_exit(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from detctx.distributed import _mesh
 
     module = FakeTrackerModule()
     monkeypatch.setattr(_mesh, "_tracker_module", lambda device_type: module)
-    entry = _mesh.TrackerEntry(mesh="the mesh")
+    entry = _mesh.TrackerEntry(mesh="the mesh", seed=7)
     made = module._rng_tracker
     assert (made.mesh, made.run_state_sync) == ("the mesh", False)
     entry.restore()
     assert module._rng_tracker is None
 
     # A tracker that was there already is kept, its own states put back on exit.
+    made.rng_states["parallel-rng"] = torch.tensor([1, 2], dtype=torch.uint8)
     module._rng_tracker = made
-    entry = _mesh.TrackerEntry(mesh="the mesh")
-    made.rng_states["parallel-rng"] = torch.tensor([9, 9], dtype=torch.uint8)
+    entry = _mesh.TrackerEntry(mesh="the mesh", seed=9)
+    assert made.rng_states["parallel-rng"].tolist() == [9]
     entry.restore()
     assert module._rng_tracker is made
     assert made.rng_states["parallel-rng"].tolist() == [1, 2]
@@ -170,3 +177,15 @@ def test_on_a_cpu_mesh_torch_has_no_tracker_to_make() -> None:
     from detctx.distributed import _mesh
 
     assert _mesh._tracker_module("cpu") is None
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_launch_at_a_time")
+def test_fully_shard_keeps_each_ranks_shard_of_its_own_initialisation(
+    four_ranks: list[dict[str, Any]],
+) -> None:
+    # docs/mesh.md: built where the dp ranks' streams differ, the sharded model is a
+    # patchwork of the ranks' initialisations (fully_shard does not broadcast).
+    for result in four_ranks:
+        seen = result["fully_shard after a distinct init"]
+        assert seen == {"own rows kept": True, "whole layer is this rank's": False}

@@ -123,7 +123,7 @@ class RankCoordinator:
     def after_entry(self) -> None:
         entry = blocks.entered_here()[-1]
         if self.mesh_seeds is not None:
-            self.trackers[entry] = TrackerEntry(self.mesh_seeds.mesh)
+            self.trackers[entry] = TrackerEntry(self.mesh_seeds.mesh, entry.seeding.seed)
         try:
             if self.verify:
                 verify_across_ranks(self.group, timeout=self.timeout)

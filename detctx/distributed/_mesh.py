@@ -12,8 +12,8 @@ tracker keeps no state of its own (it offsets the device generator, which the
 block seeds and restores anyway), but if none exists when the first random
 DTensor op runs, one is made that broadcasts rank 0's device state to every
 rank, undoing distinct per-stage seeds; torchtitan avoids that with
-``torch.distributed.tensor._random.manual_seed(seed, mesh)``. The block makes
-that tracker on entry and puts the previous one back on exit
+``torch.distributed.tensor._random.manual_seed(seed, mesh)``. The block calls
+it on entry and puts the previous tracker back on exit
 (:class:`TrackerEntry`). Only for device types with a settable RNG state: on a
 CPU mesh torch makes no tracker (``OffsetBasedRNGTracker`` refuses CPU) and
 DTensor's random ops draw each local shard from torch's CPU generator, which
@@ -130,12 +130,12 @@ def _shape(mesh: Any) -> torch.Tensor:
 
 
 class TrackerEntry:
-    """DTensor's RNG tracker for one entry: made (torchtitan's way) on entry, the previous
+    """DTensor's RNG tracker for one entry: seeded (torchtitan's way) on entry, the previous
     one put back on exit. Does nothing where torch has no tracker for the mesh's devices."""
 
     __slots__ = ("before", "module", "states")
 
-    def __init__(self, mesh: Any) -> None:
+    def __init__(self, mesh: Any, seed: int) -> None:
         self.module = _tracker_module(str(getattr(mesh, "device_type", "cpu")))
         self.before: Any = None
         self.states: dict[str, torch.Tensor] | None = None
@@ -143,11 +143,10 @@ class TrackerEntry:
             return
         self.before = self.module._rng_tracker
         self.states = _tracker_states(self.before)
-        if self.before is None:
-            # run_state_sync=False: rank 0's device state must not overwrite distinct seeds.
-            self.module._rng_tracker = self.module.OffsetBasedRNGTracker(
-                mesh, run_state_sync=False
-            )
+        # What torchtitan's set_determinism calls: it makes the tracker without syncing
+        # rank 0's device state to every rank (which would undo distinct seeds) and seeds
+        # torch with this rank's seed, which the block has just done too.
+        self.module.manual_seed(seed, mesh)
 
     def restore(self) -> None:
         """Put back the tracker (and any state of its own) from before the entry."""
@@ -168,13 +167,14 @@ def _tracker_module(device_type: str) -> Any:
     except ImportError:
         return None
     tracker = getattr(random, "OffsetBasedRNGTracker", None)
-    if tracker is None or not hasattr(random, "_rng_tracker"):
+    if tracker is None or not hasattr(random, "_rng_tracker") or not hasattr(random, "manual_seed"):
         return None
     try:
         parameters = inspect.signature(tracker).parameters
     except (TypeError, ValueError):
         return None
-    # Older trackers take no run_state_sync and always broadcast rank 0's state: left alone.
+    # Older trackers take no run_state_sync and always broadcast rank 0's state, and their
+    # manual_seed wants one seed on every rank: left alone.
     return random if "run_state_sync" in parameters else None
 
 
