@@ -73,6 +73,19 @@ def test_a_mesh_with_another_derivation_or_without_a_mesh_is_refused_at_construc
         detctx.distributed_deterministic(seed=SEED, **kwargs)
 
 
+def has_fsdp2() -> bool:
+    try:
+        from torch.distributed.fsdp import fully_shard  # noqa: F401
+        from torch.distributed.tensor import distribute_tensor  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# The 4-rank script builds DTensors and shards with FSDP2 (torch 2.6 and later).
+needs_fsdp2 = pytest.mark.skipif(not has_fsdp2(), reason="this torch has no FSDP2 or DTensor")
+
+
 @pytest.fixture(scope="module")
 def four_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     """``tests/mesh_ranks.py`` on 4 ranks, a (pp=2, dp=2) mesh; each rank's results."""
@@ -86,6 +99,7 @@ def four_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]
 
 
 @pytest.mark.slow
+@needs_fsdp2
 @pytest.mark.usefixtures("one_launch_at_a_time")
 def test_on_a_pp_dp_mesh_the_two_ranks_of_a_stage_draw_alike_and_stages_differ(
     four_ranks: list[dict[str, Any]],
@@ -103,6 +117,7 @@ def test_on_a_pp_dp_mesh_the_two_ranks_of_a_stage_draw_alike_and_stages_differ(
 
 
 @pytest.mark.slow
+@needs_fsdp2
 @pytest.mark.usefixtures("one_launch_at_a_time")
 def test_several_distinct_dims_give_each_rank_torchtitans_seed(
     four_ranks: list[dict[str, Any]],
@@ -116,6 +131,7 @@ def test_several_distinct_dims_give_each_rank_torchtitans_seed(
 
 
 @pytest.mark.slow
+@needs_fsdp2
 @pytest.mark.usefixtures("one_launch_at_a_time")
 def test_a_mesh_the_rank_is_not_in_and_disagreeing_ranks_are_refused(
     four_ranks: list[dict[str, Any]],
@@ -180,6 +196,7 @@ def test_on_a_cpu_mesh_torch_has_no_tracker_to_make() -> None:
 
 
 @pytest.mark.slow
+@needs_fsdp2
 @pytest.mark.usefixtures("one_launch_at_a_time")
 def test_fully_shard_keeps_each_ranks_shard_of_its_own_initialisation(
     four_ranks: list[dict[str, Any]],
