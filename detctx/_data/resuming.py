@@ -25,8 +25,8 @@ loader leaves for bit-exact resumption:
   rides them in each worker's dataset state.
 
 :func:`resume_state` and :func:`resume` put this process's RNG states
-(:func:`detctx.capture`) and the loaders' positions in one plain dict, which
-``torch.load(..., weights_only=True)`` reads back.
+(:func:`detctx.capture`) and the loaders' positions in one plain dict with a
+digest of all of it, which ``torch.load(..., weights_only=True)`` reads back.
 """
 
 from __future__ import annotations
@@ -158,8 +158,9 @@ def resume(state: Mapping[str, Any], *loaders: Any, strict: bool = True) -> None
     ``loaders`` are the same loaders, in the same order, built the same way
     as in the run that saved ``state``. Everything is checked first, and
     :class:`~detctx.CheckpointError` is raised with nothing changed (RNGs and
-    loaders alike) for: a dict of another format or version; a different
-    number of loaders, or one loader passed twice; a loader in the middle of
+    loaders alike) for: a dict of another format or version (version 1,
+    saved before resume states held a digest of their RNG states, included);
+    a different number of loaders, or one loader passed twice; a loader in the middle of
     an epoch (an iterator of it is live); a loader built differently (its
     ``num_workers``, batch size, ``drop_last``, dataset length or sampler) or
     on another rank or world size than the one that saved the state, named
@@ -168,8 +169,8 @@ def resume(state: Mapping[str, Any], *loaders: Any, strict: bool = True) -> None
     process's sources (see :meth:`detctx.Snapshot.from_state_dict`;
     ``strict=False`` skips sources either side lacks); last, anything changed
     after it was saved (the digest of the whole state, the RNG states
-    included, does not match), and a state of version 1, which had no digest
-    of its RNG states. If restoring an RNG
+    included, does not match: a checksum against corruption and edits, not a
+    signature against someone who computes it again). If restoring an RNG
     raises, the loaders are put back as they were too::
 
         checkpoint = torch.load(path, weights_only=True)
