@@ -422,6 +422,7 @@ def test_crafted_tracker_states_are_refused_with_nothing_changed() -> None:
     assert all(line.endswith("refused unchanged") for line in lines), out
 
 
+@pytest.mark.slow
 def test_nested_blocks_keep_one_seed_per_state_on_record_so_a_checkpoint_inside_restores() -> None:
     out = run_on_npu(
         """
