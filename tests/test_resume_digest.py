@@ -157,6 +157,18 @@ def test_a_resume_state_of_version_1_without_a_digest_is_refused_naming_how_to_t
     with pytest.raises(CheckpointError, match=r"Snapshot.from_state_dict\(state\['rng'\]\)"):
         detctx.resume(old, elastic())
 
+    # What the message says to do, unchecked, continues as resume() would have.
+    with detctx.deterministic(seed=2):
+        loader = elastic()
+        detctx.resume(good, loader)
+        expected = [torch.rand(2), *(batch.clone() for batch in loader)]
+    with detctx.deterministic(seed=2):
+        loader = elastic()
+        detctx.Snapshot.from_state_dict(old["rng"]).restore()
+        loader.load_state_dict(old["loaders"][0])
+        taken = [torch.rand(2), *(batch.clone() for batch in loader)]
+    assert all(torch.equal(a, b) for a, b in zip(expected, taken, strict=True))
+
 
 def test_an_unedited_state_resumes_after_torch_save_and_a_weights_only_load(
     tmp_path: Any,
