@@ -201,3 +201,33 @@ def test_another_world_size_loads_an_elastic_position_but_refuses_a_resumable_lo
     resumable = detctx.resumable_loader(list(range(8)), batch_size=2, seed=1)
     with pytest.raises(detctx.CheckpointError, match="only elastic loaders"):
         detctx.dcp_resume_state(resumable).load_state_dict(entry)
+
+
+@pytest.fixture
+def one_rank_group() -> Any:
+    """A gloo group of this process alone, taken down after the test."""
+    dist = torch.distributed
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_rank_group")
+def test_a_checkpoint_of_another_mesh_layout_is_refused_with_nothing_changed() -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    saved_on = init_device_mesh("cpu", (1, 1), mesh_dim_names=("pp", "dp"))
+    elastic = loader()
+    with detctx.distributed_deterministic(seed=1, mesh=saved_on, distinct_dims=("pp",)):
+        saved = detctx.dcp_resume_state(elastic).state_dict()
+        detctx.dcp_resume_state(elastic).load_state_dict(saved)  # the same layout resumes
+    other = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "pp"))
+    take(1, elastic)
+    with detctx.distributed_deterministic(seed=1, mesh=other, distinct_dims=("pp",)):
+        before = (detctx.capture(), elastic.consumed)
+        with pytest.raises(detctx.CheckpointError, match=r"saved on a mesh with dims \['pp'"):
+            detctx.dcp_resume_state(elastic).load_state_dict(saved)
+        assert (detctx.capture(), elastic.consumed) == before

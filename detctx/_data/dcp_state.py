@@ -27,6 +27,7 @@ from typing import Any, Final
 import torch
 
 from detctx._basics import CheckpointError, open_envelope
+from detctx._blocks import open_blocks
 from detctx._data.elastic import ElasticLoader
 from detctx._data.resuming import resume, resume_state
 
@@ -59,6 +60,17 @@ def _from_bytes(data: bytes, what: str) -> Any:
 
 def _digest(payload: bytes) -> bytes:
     return hashlib.blake2b(payload, digest_size=_DIGEST_SIZE).digest()
+
+
+def _mesh_layout() -> dict[str, Any] | None:
+    """The mesh of the innermost open ``distributed_deterministic(mesh=...)`` block: its dim
+    names and its grid of ranks (where each rank's streams belong), or ``None``."""
+    for seeding in reversed(open_blocks()):
+        mesh_seeds = getattr(seeding, "mesh_seeds", None)
+        if mesh_seeds is not None:
+            mesh = mesh_seeds.mesh
+            return {"dims": list(mesh.mesh_dim_names or ()), "ranks": mesh.mesh.tolist()}
+    return None
 
 
 class DCPResumeState:
@@ -112,6 +124,7 @@ class DCPResumeState:
                 "world_size": world_size,
                 "ranks": [state for state, _ in everyone],
                 "elastic": elastic,
+                "mesh": _mesh_layout(),
             }
         )
         return {_KEY: _MAGIC + _digest(payload) + payload}
@@ -123,6 +136,7 @@ class DCPResumeState:
         rank, world_size = self._where()
         saved_world = payload["world_size"]
         if saved_world == world_size:
+            self._check_mesh(payload.get("mesh"))
             resume(
                 _from_bytes(payload["ranks"][rank], f"rank {rank}'s resume state"), *self.loaders
             )
@@ -138,6 +152,19 @@ class DCPResumeState:
             loader.check_state(position, where=f"the checkpoint's elastic loader {index}")
         for loader, position in zip(self.loaders, positions):
             loader.load_checked(position)
+
+    def _check_mesh(self, saved: Any) -> None:
+        here = _mesh_layout()
+        if saved is not None and not isinstance(saved, Mapping):
+            raise CheckpointError("the checkpoint's detctx entry has a damaged mesh layout")
+        if saved is None or here is None or dict(saved) == here:
+            return
+        raise CheckpointError(
+            f"the checkpoint was saved on a mesh with dims {saved.get('dims')} over ranks "
+            f"{saved.get('ranks')}; this block's mesh has dims {here['dims']} over ranks "
+            f"{here['ranks']}: each rank's RNG streams belong to its place in the saved mesh, "
+            "so resume on the same mesh layout"
+        )
 
     def _payload(self, state: Mapping[str, Any]) -> dict[str, Any]:
         blob = state.get(_KEY) if isinstance(state, Mapping) else None
@@ -206,7 +233,9 @@ def dcp_resume_state(*loaders: Any, group: Any = None) -> DCPResumeState:
     are left as they are (a rank's streams have no counterpart there).
     :class:`~detctx.CheckpointError`, with nothing of detctx changed, for a
     damaged entry, an entry of another kind, another number of loaders, a
-    resumable loader on another world size, and everything ``resume`` refuses
-    (a loader of another run: another seed, dataset or configuration).
+    resumable loader on another world size, another mesh layout (saved and
+    loaded inside ``distributed_deterministic(mesh=...)`` blocks whose meshes
+    differ in dim names or ranks), and everything ``resume`` refuses (a
+    loader of another run: another seed, dataset or configuration).
     """
     return DCPResumeState(loaders, group)
