@@ -52,6 +52,7 @@ from detctx._basics.seeds import (
     mesh_seed,
     parse_seed,
     resolve_seed,
+    stream_keys,
     validate_seed,
     worker_seed,
 )
@@ -101,6 +102,7 @@ __all__ = [
     "resolve_seed",
     "same_float",
     "scratch_folder",
+    "stream_keys",
     "sweep_scratch",
     "validate_seed",
     "warn_at_user",

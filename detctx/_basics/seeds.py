@@ -34,6 +34,7 @@ __all__ = [
     "node_seed",
     "parse_seed",
     "resolve_seed",
+    "stream_keys",
     "validate_seed",
     "worker_seed",
 ]
@@ -191,19 +192,26 @@ def derive_seed(seed: int, *key: int) -> int:
     return int(state[0])
 
 
-def indexed_seeds(base: int, indices: Sequence[int] | np.ndarray[Any, Any]) -> list[int]:
-    """The seeds of items ``indices`` of a family of streams keyed by ``base``, about 10 us
-    for 32 of them.
+_GOLDEN: Final = 0x9E3779B97F4A7C15
+_MASK: Final = 2**64 - 1
 
-    ``base`` is a seed from :func:`derive_seed` (``derive_seed(s, epoch)``:
-    one per epoch), each index an integer in ``[0, 2**63 - 1]`` (a sample's
-    index). Each ``(base, index)`` goes through SplitMix64's finaliser (the
-    mixer that seeds xoshiro and Java's ``SplittableRandom``), a bijection of
-    64-bit words, so the indices of one base never share a 64-bit word and
-    the 32-bit seeds (its high half) collide only by chance; the result is the
-    same on every machine. It is :func:`derive_seed` for callers that need a
-    seed per sample, a batch at a time: ``SeedSequence`` costs about 16 us a
-    call.
+
+def indexed_seeds(base: int, indices: Sequence[int] | np.ndarray[Any, Any]) -> list[int]:
+    """The 64-bit seeds of items ``indices`` of a family of streams keyed by ``base``, about
+    10 us for 32 of them.
+
+    ``base`` is a seed of up to 64 bits (``indexed_seed(derive_seed(s, KEY),
+    epoch)``: one family per epoch), each index an integer in ``[0, 2**64 -
+    1]`` (a sample's index). Each ``(base, index)`` goes through SplitMix64's
+    finaliser (the mixer that seeds xoshiro and Java's ``SplittableRandom``),
+    a bijection of 64-bit words, so the indices of one base never share a
+    seed, and the families of two bases meet only by chance (about ``n**2 /
+    2**65`` pairs among ``n`` seeds); the result is the same on every machine.
+    It is :func:`derive_seed` for callers that need a seed per sample, a
+    batch at a time: ``SeedSequence`` costs about 16 us a call. A seed of 64
+    bits seeds a stream only through :func:`stream_keys` (or an RNG that reads
+    every bit, as Python's ``random.seed`` does): ``torch.manual_seed`` keeps
+    32 of them.
     """
     import numpy as np
 
@@ -213,6 +221,16 @@ def indexed_seeds(base: int, indices: Sequence[int] | np.ndarray[Any, Any]) -> l
     u64 = np.uint64
     z = np.array(indices, dtype=u64)
     z += u64(base * _GOLDEN & _MASK)
+    _finalise(z)
+    seeds: list[int] = z.tolist()
+    return seeds
+
+
+def _finalise(z: np.ndarray[Any, Any]) -> None:
+    # SplitMix64's finaliser, in place over uint64 words.
+    import numpy as np
+
+    u64 = np.uint64
     scratch = z >> u64(30)
     z ^= scratch
     z *= u64(0xBF58476D1CE4E5B9)
@@ -221,22 +239,37 @@ def indexed_seeds(base: int, indices: Sequence[int] | np.ndarray[Any, Any]) -> l
     z *= u64(0x94D049BB133111EB)
     np.right_shift(z, u64(31), out=scratch)
     z ^= scratch
-    z >>= u64(32)
-    seeds: list[int] = z.tolist()
-    return seeds
 
 
 def indexed_seed(base: int, index: int) -> int:
-    """``indexed_seeds(base, [index])[0]`` in Python's integers: one seed of the family, about
-    1 us (a NumPy call costs more for a single item)."""
+    """``indexed_seeds(base, [index])[0]`` in Python's integers: one 64-bit seed of the
+    family, about 1 us (a NumPy call costs more for a single item)."""
     z = (index + base * _GOLDEN) & _MASK
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
-    return (z ^ (z >> 31)) >> 32
+    return z ^ (z >> 31)
 
 
-_GOLDEN: Final = 0x9E3779B97F4A7C15
-_MASK: Final = 2**64 - 1
+_MT_WORDS: Final = 624
+"""The 32-bit words of a Mersenne Twister's key (Python's, NumPy's legacy, torch's CPU one)."""
+
+
+def stream_keys(seeds: Sequence[int]) -> np.ndarray[Any, Any]:
+    """The Mersenne Twister keys of 64-bit ``seeds``: a ``(len(seeds), 624)`` uint32 array, row
+    ``i`` the first 312 words of the SplitMix64 stream of ``seeds[i]`` (how xoshiro's authors
+    fill a large state from one word), about 1 us a seed over a batch.
+
+    For a generator whose own seeding reads 32 bits (``torch.manual_seed``: two seeds that
+    differ only above bit 31 give the same stream): a key is a whole state, so every bit of
+    the seed reaches the stream, and two seeds give keys that share no word but by chance.
+    """
+    import numpy as np
+
+    u64 = np.uint64
+    steps = np.arange(1, _MT_WORDS // 2 + 1, dtype=u64) * u64(_GOLDEN)
+    z = np.array(seeds, dtype=u64).reshape(-1, 1) + steps
+    _finalise(z)
+    return z.view(np.uint32)
 
 
 def group_seed(seed: int, **coordinates: int) -> int:
@@ -269,14 +302,14 @@ def _name_key(name: str) -> int:
 
 
 def content_seed(seed: int, epoch: int | None, digest: bytes) -> int:
-    """The seed of a keyed collator's world: ``seed``, ``epoch`` (``None``: left out) and a
-    digest of the batch's contents hashed together through ``SeedSequence``."""
+    """The 64-bit seed of a keyed collator's world: ``seed``, ``epoch`` (``None``: left out)
+    and a digest of the batch's contents hashed together through ``SeedSequence``."""
     import numpy as np
 
     words = [seed, -1 if epoch is None else epoch]
     words += [int.from_bytes(digest[i : i + 4], "little") for i in range(0, len(digest), 4)]
     sequence = np.random.SeedSequence([word & 0xFFFFFFFF for word in words])
-    return int(sequence.generate_state(1)[0])
+    return int(sequence.generate_state(1, np.uint64)[0])
 
 
 _LOADER_KEY: Final = zlib.crc32(b"detctx.loader_generator")

@@ -31,6 +31,7 @@ import torch
 from detctx._basics import CheckpointError, as_integer, validate_seed
 from detctx._data.elastic_order import ElasticBatches, Position
 from detctx._data.elastic_streams import ElasticCollate, ElasticSamples, Keys
+from detctx._data.keyed_collate import KEYED_STREAMS_VERSION
 from detctx._sources import registered_sources
 
 __all__ = ["ELASTIC_FORMAT", "ElasticLoader", "elastic_loader"]
@@ -38,7 +39,9 @@ __all__ = ["ELASTIC_FORMAT", "ElasticLoader", "elastic_loader"]
 ELASTIC_FORMAT: Final = "detctx.elastic"
 """The ``"format"`` entry of an elastic loader's ``state_dict()``."""
 
-_VERSION: Final = 1
+_VERSION: Final = KEYED_STREAMS_VERSION
+"""A state's version is how its samples' streams were seeded: a position means the same
+augmentation only in the same derivation (version 1: 32-bit seeds)."""
 _STATE_KEYS: Final = frozenset(
     {"format", "version", "seed", "shuffle", "length", "epoch", "consumed"}
 )
@@ -58,7 +61,7 @@ class ElasticLoader:
     epoch's last batch moves the position to the next epoch's start, so
     ``loader.epoch`` is the epoch of the next batch and one iterator is one
     epoch, or the rest of one.
-    ``state_dict()`` is ``{"format": "detctx.elastic", "version": 1, "seed",
+    ``state_dict()`` is ``{"format": "detctx.elastic", "version": 2, "seed",
     "shuffle", "length", "epoch", "consumed"}`` (plain ints, bools and
     strings); ``load_state_dict()`` checks every entry first. Attributes a
     ``DataLoader`` has (``dataset``, ``batch_sampler``, ``collate_fn``,
@@ -141,6 +144,15 @@ class ElasticLoader:
             raise CheckpointError(
                 f"the elastic loader state has entries {sorted(map(str, state))}; expected "
                 f"{sorted(_STATE_KEYS)}"
+            )
+        if state["version"] == 1 and not isinstance(state["version"], bool):
+            raise CheckpointError(
+                "the elastic loader state is version 1: saved by a detctx that seeded each "
+                "sample's streams from 32 bits (two samples could draw the same augmentation); "
+                f"this one seeds them from 64 bits, so the rest of the epoch would not be the "
+                "saved run's. Resume with the detctx that saved it, or, to go on with other "
+                "augmentation from here, load the position as this version's: "
+                f'loader.load_state_dict({{**state, "version": {_VERSION}}})'
             )
         if state["version"] != _VERSION or isinstance(state["version"], bool):
             raise CheckpointError(

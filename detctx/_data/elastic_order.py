@@ -97,7 +97,9 @@ class ElasticBatches(torch.utils.data.Sampler[KeyBatch]):
                 # (NumPy 2.4), seeding it 1 us, and the streams are the same.
                 if self._shuffler is None:
                     self._shuffler = np.random.RandomState()
-                self._shuffler.seed(indexed_seed(self._orders, epoch))
+                # The high half of the epoch's 64-bit seed: what the order has always been
+                # drawn from (RandomState takes 32 bits), so saved positions keep their order.
+                self._shuffler.seed(indexed_seed(self._orders, epoch) >> 32)
                 self._order = (epoch, self._shuffler.permutation(self.length))
             else:
                 self._order = (epoch, np.arange(self.length))

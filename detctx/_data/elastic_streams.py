@@ -14,10 +14,13 @@ Fast, because a loader seeds every sample: a worker's streams are the
 loader's alone and every draw that matters is seeded first, so a worker
 seeds and never captures or restores; the main process (``num_workers=0``)
 captures the caller's streams once per batch and puts them back after it.
-Seeding costs about 8 us for Python's ``random``, 1.3 us for NumPy and 1 us
-for torch's CPU generator; ``streams=`` names the ones the dataset draws
-from, and the first batch each process loads checks that the others did
-not move.
+Each seed has 64 bits and each stream gets all of them
+(:func:`detctx._sources.seeder_of`): torch's CPU generator a whole state
+built for the batch's seeds at once (``manual_seed`` keeps 32 bits), NumPy
+both 32-bit words, Python's ``random`` the int. Seeding costs about 8 us for
+Python's ``random``, 6 us for NumPy and 2 us for torch's CPU generator;
+``streams=`` names the ones the dataset draws from, and the first batch each
+process loads checks that the others did not move.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from detctx._state import Snapshot
 __all__ = ["ElasticCollate", "ElasticSamples", "KeyBatch", "Keys", "SampleKey"]
 
 SampleKey = tuple[int, int, int, int]
-"""``(epoch, position in the epoch's order, index in the dataset, the sample's seed)``."""
+"""``(epoch, position in the epoch's order, index in the dataset, the sample's 64-bit seed)``."""
 
 
 class KeyBatch:
@@ -150,10 +153,19 @@ class Keys:
         In a loader worker nothing is put back; here the caller's streams are.
         The first time in this process, the streams left out are checked.
         """
-        chosen, others = self.sources()
+        _, others = self.sources()
         in_worker = torch.utils.data.get_worker_info() is not None
+        world = self._world(in_worker)
         if others and what not in self._checked:
-            return self._checked_world(what, chosen, others, in_worker)
+            return self._checked_world(what, world, others, in_worker)
+        return world
+
+    def prepare(self, seeds: list[int]) -> None:
+        """Do ahead what seeding ``seeds`` needs, for the batch together (torch's states)."""
+        self._world(torch.utils.data.get_worker_info() is not None).prepare(seeds)
+
+    def _world(self, in_worker: bool) -> KeyedStreams:
+        chosen, _ = self.sources()
         world = self._worlds.get(in_worker)
         if world is None:
             world = self._worlds[in_worker] = KeyedStreams(chosen, put_back=not in_worker)
@@ -161,10 +173,10 @@ class Keys:
 
     @contextmanager
     def _checked_world(
-        self, what: str, chosen: Sources, others: Sources, in_worker: bool
+        self, what: str, world: KeyedStreams, others: Sources, in_worker: bool
     ) -> Iterator[Callable[[int], object]]:
         saved = Snapshot.capture(others)
-        with KeyedStreams(chosen, put_back=not in_worker) as reseed:
+        with world as reseed:
             yield reseed
         before = saved.source_fingerprints()
         after = Snapshot.capture(others).source_fingerprints()
@@ -218,6 +230,7 @@ class ElasticSamples(WrappedDataset):
                 f"sampler, got {batch!r}"
             )
         dataset, samples = self.dataset, []
+        self.keys.prepare([*batch.seeds, batch.collate_seed])
         # One world for the batch: a transaction, and the caller's streams captured and put
         # back, cost more than seeding a sample (about 6 us against 1 us for torch's).
         with self.keys.world("dataset's __getitem__ or the collate function") as reseed:

@@ -24,21 +24,33 @@ is touched.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Final
 
 from detctx._basics import content_seed
 from detctx._sources import RNGSource, registered_sources, seeder_of
 from detctx._state import canonical_bytes, interrupts, restore_sources, transaction
 
-__all__ = ["KeyedCollate", "KeyedStreams", "content_digest", "keyed_streams"]
+__all__ = [
+    "KEYED_STREAMS_VERSION",
+    "KeyedCollate",
+    "KeyedStreams",
+    "content_digest",
+    "keyed_streams",
+]
 
 Sources = list[tuple[str, RNGSource]]
+
+KEYED_STREAMS_VERSION: Final = 2
+"""How a keyed world seeds its streams from what it is keyed by, for checkpoints to name:
+1, 32-bit seeds (``torch.manual_seed`` and NumPy's int seeding); 2, 64-bit seeds, every bit
+reaching each built-in stream. A run resumed on another version draws other streams."""
 
 
 class KeyedStreams:
     """A keyed world over ``sources``: ``with world as reseed:`` is one transaction in which
-    ``reseed(seed)`` seeds every source of ``sources``.
+    ``reseed(seed)`` seeds every source of ``sources`` from the 64-bit ``seed``, every bit of
+    it reaching each built-in stream (:func:`detctx._sources.seeder_of`).
 
     With ``put_back`` the sources are captured on entry and put back on exit,
     so the caller's streams do not move. Without it (a loader worker, whose
@@ -48,21 +60,29 @@ class KeyedStreams:
     loader enters its world once per batch: about 8 us in all).
     """
 
-    __slots__ = ("_capture", "_open", "reseed")
+    __slots__ = ("_capture", "_open", "_preparers", "reseed")
 
     def __init__(self, sources: Sources, *, put_back: bool = True) -> None:
         seeders = [seeder_of(source) for _, source in sources]
+        seeds = [seeder.seed for seeder in seeders]
+        self._preparers = [seeder.prepare for seeder in seeders]
 
         def reseed_each(seed: int) -> None:
-            for seeder in seeders:
-                seeder(seed)
+            for seed_one in seeds:
+                seed_one(seed)
 
         # One source (streams=["torch"]): its own seed method, without a loop per call.
-        self.reseed: Callable[[int], object] = seeders[0] if len(seeders) == 1 else reseed_each
+        self.reseed: Callable[[int], object] = seeds[0] if len(seeds) == 1 else reseed_each
         self._capture: Callable[[], transaction.State] = (
             (lambda: _Saved(sources)) if put_back else _Kept
         )
         self._open: list[transaction.State] = []
+
+    def prepare(self, seeds: Sequence[int]) -> None:
+        """Do ahead, for the 64-bit ``seeds`` together, what ``reseed`` of each needs (torch's
+        states): about 1 us a seed, not 5 us one at a time. Touches no stream."""
+        for prepare in self._preparers:
+            prepare(seeds)
 
     def _opened(self, before: transaction.State) -> transaction.State:
         self._open.append(before)  # inside the transaction: no signal lands between

@@ -18,6 +18,7 @@ from detctx._sources.checks import InvalidField
 from detctx._sources.registry import (
     Checkpointable,
     RNGSource,
+    Seeder,
     register_source,
     registered_sources,
     registry_version,
@@ -30,6 +31,7 @@ __all__ = [
     "Checkpointable",
     "InvalidField",
     "RNGSource",
+    "Seeder",
     "Uninitialised",
     "active_accelerators",
     "checks",

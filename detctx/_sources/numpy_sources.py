@@ -66,6 +66,11 @@ class NumpyRandomStateSource:
     def seed(self, seed: int) -> None:
         self._target().seed(seed)
 
+    def seed_words(self, seed: int) -> None:
+        """Seed from a 64-bit ``seed``, both its 32-bit words (``RandomState.seed`` of an
+        array: the key-array initialisation; an int seed keeps 32 bits)."""
+        self._target().seed((seed & 0xFFFFFFFF, seed >> 32))
+
     def to_checkpoint(self, state: Any) -> tuple[str, Any]:
         if not isinstance(state, tuple):
             return _BITGEN, plain.array_to_plain(state)

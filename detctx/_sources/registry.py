@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
@@ -18,11 +18,13 @@ import torch
 import detctx._sources.checks as checks
 import detctx._sources.plain as plain
 from detctx._sources.accelerators import is_accelerator_name
+from detctx._sources.generator_states import StateRows, cpu_generator_states
 from detctx._sources.numpy_sources import NumpyGeneratorSource, NumpyRandomStateSource
 
 __all__ = [
     "Checkpointable",
     "RNGSource",
+    "Seeder",
     "register_source",
     "registered_sources",
     "seeder_of",
@@ -151,15 +153,72 @@ class TorchGeneratorSource:
         return state
 
 
-def seeder_of(source: RNGSource) -> Callable[[int], object]:
-    """What seeds ``source``: ``source.seed``, or for the built-in torch and Python sources the
-    method it calls, one Python call less (a keyed loader seeds before every sample)."""
+class Seeder:
+    """What seeds one source from 64-bit seeds in a keyed world: ``seed(s)``, every bit of
+    ``s`` reaching the stream; ``prepare(seeds)`` does ahead, for a batch at once, what
+    seeding those seeds needs (a loader seeds before every sample)."""
+
+    __slots__ = ("prepare", "seed")
+
+    def __init__(
+        self,
+        seed: Callable[[int], object],
+        prepare: Callable[[Sequence[int]], object] | None = None,
+    ) -> None:
+        self.seed = seed
+        self.prepare: Callable[[Sequence[int]], object] = prepare or _nothing
+
+
+def _nothing(seeds: Sequence[int]) -> None:
+    return None
+
+
+class _TorchStates:
+    """A CPU generator seeded from whole states (``manual_seed`` keeps 32 bits of a seed)."""
+
+    __slots__ = ("_generator", "_ready", "_rows")
+
+    def __init__(self, generator: torch.Generator) -> None:
+        self._generator = generator
+        self._rows = StateRows()
+        self._ready: dict[int, torch.Tensor] = {}
+
+    def prepare(self, seeds: Sequence[int]) -> None:
+        states = self._rows.fill(seeds)
+        self._ready = {} if states is None else dict(zip(seeds, states))
+
+    def seed(self, seed: int) -> None:
+        state = self._ready.get(seed)
+        if state is None:
+            states = cpu_generator_states([seed])
+            if states is None:
+                self._generator.manual_seed(seed)
+                return
+            state = states[0]
+        self._generator.set_state(state)
+
+
+def seeder_of(source: RNGSource) -> Seeder:
+    """What seeds ``source`` from a 64-bit seed in a keyed world (an elastic loader's sample,
+    a keyed collator's batch), each built-in source by every bit of it: Python's ``random``
+    by its own seeding (all words of an int), NumPy's ``RandomState`` by its two 32-bit
+    words, a ``Generator`` through ``SeedSequence``, a CPU ``torch.Generator`` from a whole
+    state, a device one by ``manual_seed`` (Philox keeps 64 bits). A source of your own is
+    seeded through its protocol, with 32 bits: the seed's high half."""
+    # Exact types: a subclass may seed otherwise, through its own seed method.
     if type(source) is TorchGeneratorSource:
-        return source._generator.manual_seed
+        generator = source._generator
+        if generator.device.type != "cpu":
+            return Seeder(generator.manual_seed)
+        states = _TorchStates(generator)
+        return Seeder(states.seed, states.prepare)
     if type(source) is PythonRandomSource:
-        seed: Callable[[int], object] = source._rng.seed
-        return seed
-    return source.seed
+        return Seeder(source._rng.seed)
+    if type(source) is NumpyRandomStateSource:
+        return Seeder(source.seed_words)
+    if type(source) is NumpyGeneratorSource:
+        return Seeder(source.seed)
+    return Seeder(lambda seed: source.seed(seed >> 32))
 
 
 def as_source(obj: object) -> RNGSource:

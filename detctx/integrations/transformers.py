@@ -29,7 +29,7 @@ from detctx._basics import (
     warn_at_user,
 )
 from detctx._blocks import deterministic, open_blocks
-from detctx._data import KeyedCollate, loader_generator
+from detctx._data import KEYED_STREAMS_VERSION, ElasticLoader, KeyedCollate, loader_generator
 from detctx._switches import SwitchOptions
 from detctx.integrations._ranks import rank_and_world
 
@@ -154,6 +154,7 @@ class DeterministicCallback(_TrainerCallback, _ExportableState):  # type: ignore
             "saved_world_size": _world_size(),
             "saved_samples": samples,
             "saved_batches": batches,
+            "keyed_streams": KEYED_STREAMS_VERSION,
         }
         return {"args": arguments, "attributes": attributes}
 
@@ -165,6 +166,8 @@ class DeterministicCallback(_TrainerCallback, _ExportableState):  # type: ignore
         _refuse_other_world_size(saved)
         data = _data_sizes(loader)
         _refuse_other_data(saved, data)
+        if self.resumable or isinstance(loader, ElasticLoader):
+            _refuse_other_keyed_streams(saved)
         self._data = data
         self.close()
         self._collate = None
@@ -295,6 +298,23 @@ def _refuse_other_data(saved: dict[str, Any], data: tuple[int | None, int | None
                 "Resume with the dataset and batch size the checkpoint was saved with, or "
                 "start a new run from the checkpoint's weights"
             )
+
+
+def _refuse_other_keyed_streams(saved: dict[str, Any]) -> None:
+    """Raise :class:`~detctx.CheckpointError` when the checkpoint's keyed streams (the keyed
+    collator's masks, an elastic loader's samples) were seeded another way: the Trainer would
+    go on with draws the saved run never made, bit-exactness lost without a word."""
+    if not saved:
+        return
+    version = saved.get("keyed_streams", 1)
+    if version != KEYED_STREAMS_VERSION:
+        raise CheckpointError(
+            f"the checkpoint's keyed streams are version {version!r} (1: seeded from 32 bits, "
+            f"by a detctx before 64-bit seeds); this detctx seeds them as version "
+            f"{KEYED_STREAMS_VERSION}, so the resumed run would collate and augment with "
+            "other draws than the saved run's continuation. Resume with the detctx that saved "
+            "it, or start a new run from the checkpoint's weights"
+        )
 
 
 def _persistent_workers(args: Any) -> bool:
