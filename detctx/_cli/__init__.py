@@ -175,7 +175,7 @@ def _parser() -> argparse.ArgumentParser:
         "--metric",
         metavar="NAME",
         help="a metrics.csv column, a trainer_state.json log_history key, or the name before "
-        "':' or '=' in a text log (default: the training loss)",
+        "':', '=' or a space in a text log (default: the training loss)",
     )
     from detctx._cli.record import add_arguments
 
