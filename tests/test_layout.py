@@ -269,3 +269,22 @@ def test_the_architecture_page_names_every_module() -> None:
         if f"`{shown}`" not in page and f"`{relative}`" not in page and name != "detctx.__main__":
             unnamed.append(str(relative))
     assert unnamed == [], "docs/architecture.md's layer table should name these modules"
+
+
+def test_no_call_to_a_detctx_function_passes_a_bare_true_or_false() -> None:
+    trees = {name: ast.parse(path.read_text(encoding="utf-8")) for name, path in MODULES.items()}
+    defined = {
+        node.name
+        for tree in trees.values()
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+    }
+    offenders = [
+        f"{name}:{node.lineno}: {ast.unparse(node)}"
+        for name, tree in trees.items()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and getattr(node.func, "id", getattr(node.func, "attr", None)) in defined
+        and any(isinstance(arg, ast.Constant) and type(arg.value) is bool for arg in node.args)
+    ]
+    assert offenders == [], "say what a flag means with a keyword"

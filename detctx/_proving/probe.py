@@ -258,7 +258,7 @@ def paired_ratios(
     gives no ratio.
     """
 
-    def timed(on: bool, calls: int) -> float:
+    def timed(*, on: bool, calls: int) -> float:
         switch(on)
         if synchronize is not None:
             synchronize()
@@ -269,11 +269,11 @@ def paired_ratios(
             synchronize()
         return clock() - start
 
-    once = timed(False, 1)
+    once = timed(on=False, calls=1)
     calls = _MAX_CALLS if once <= 0 else min(_MAX_CALLS, max(1, math.ceil(SAMPLE_SECONDS / once)))
     ratios = []
     for _ in range(rounds):
-        off, on = timed(False, calls), timed(True, calls)
+        off, on = timed(on=False, calls=calls), timed(on=True, calls=calls)
         if off > 0:
             ratios.append(on / off)
     return sorted(ratios)

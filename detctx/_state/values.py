@@ -79,7 +79,7 @@ def canonical_bytes(value: Any, *, strict: bool = False) -> bytes:
     in another process (instead of writing its ``repr``).
     """
     sink = _Bytes()
-    _feed(sink, value, strict)
+    _feed(sink, value, strict=strict)
     return b"".join(sink.parts)
 
 
@@ -114,7 +114,7 @@ def _feed_state(sink: _Sink, source: RNGSource, state: Any) -> None:
     if isinstance(source, AcceleratorSource):
         _text(sink, b"a", accelerator_value(state))
     else:
-        _feed(sink, state, False)
+        _feed(sink, state, strict=False)
 
 
 def _device_bytes(state: Any) -> bytes:
@@ -172,12 +172,12 @@ def _pack_ints(values: tuple[Any, ...] | list[Any]) -> bytes | None:
     return None
 
 
-def _feed(sink: _Sink, value: Any, strict: bool) -> None:
+def _feed(sink: _Sink, value: Any, *, strict: bool) -> None:
     """Feed ``value`` canonically: the same value always gives the same bytes."""
     if isinstance(value, torch.Tensor):
-        _feed_tensor(sink, value, strict)
+        _feed_tensor(sink, value, strict=strict)
     elif isinstance(value, np.ndarray):
-        _feed_array(sink, value, strict)
+        _feed_array(sink, value, strict=strict)
     elif value is None or type(value) is bool:
         _text(sink, b"s", repr(value).encode())
     elif isinstance(value, np.generic):
@@ -197,13 +197,13 @@ def _feed(sink: _Sink, value: Any, strict: bool) -> None:
         for item in items:
             _text(sink, b"e", item)
     elif (found := nested.branches(value)) is not None:
-        _feed_container(sink, value, found, strict)
+        _feed_container(sink, value, found, strict=strict)
     else:
-        _feed_object(sink, value, strict)
+        _feed_object(sink, value, strict=strict)
 
 
 def _feed_container(
-    sink: _Sink, value: Any, found: tuple[nested.Kind, list[tuple[Any, Any]]], strict: bool
+    sink: _Sink, value: Any, found: tuple[nested.Kind, list[tuple[Any, Any]]], *, strict: bool
 ) -> None:
     kind, items = found
     name = type(value).__qualname__.encode()
@@ -216,7 +216,7 @@ def _feed_container(
             _text(sink, b"I", packed)
             return
         for _, item in items:
-            _feed(sink, item, strict)
+            _feed(sink, item, strict=strict)
         return
     if kind is nested.Kind.MAPPING:
         keyed = sorted(
@@ -225,13 +225,13 @@ def _feed_container(
         )
         for key_bytes, item in keyed:
             _text(sink, b"k", key_bytes)
-            _feed(sink, item, strict)
+            _feed(sink, item, strict=strict)
         return
     for _, item in items:
-        _feed(sink, item, strict)
+        _feed(sink, item, strict=strict)
 
 
-def _feed_tensor(sink: _Sink, value: torch.Tensor, strict: bool) -> None:
+def _feed_tensor(sink: _Sink, value: torch.Tensor, *, strict: bool) -> None:
     tensor = value.detach()
     head = b"T%s:%s:%s:" % (
         str(tensor.dtype).encode(),
@@ -241,7 +241,7 @@ def _feed_tensor(sink: _Sink, value: torch.Tensor, strict: bool) -> None:
     if tensor.is_nested:
         sink.update(head)
         for component in tensor.unbind():
-            _feed_tensor(sink, component, strict)
+            _feed_tensor(sink, component, strict=strict)
         return
     if tensor.is_quantized or tensor.device.type == "meta":
         what = "a quantized" if tensor.is_quantized else "a meta"
@@ -258,8 +258,8 @@ def _feed_tensor(sink: _Sink, value: torch.Tensor, strict: bool) -> None:
         if tensor.layout != torch.strided:
             coalesced = tensor.to_sparse_coo().coalesce()  # type: ignore[no-untyped-call]
             sink.update(head)
-            _feed_tensor(sink, coalesced.indices(), strict)
-            _feed_tensor(sink, coalesced.values(), strict)
+            _feed_tensor(sink, coalesced.indices(), strict=strict)
+            _feed_tensor(sink, coalesced.values(), strict=strict)
             return
         # A conjugate or negative view holds its data un-negated: materialise it first.
         plain = tensor.resolve_conj().resolve_neg().cpu().contiguous()
@@ -273,7 +273,7 @@ def _feed_tensor(sink: _Sink, value: torch.Tensor, strict: bool) -> None:
     _text(sink, b"d", data)
 
 
-def _feed_array(sink: _Sink, value: np.ndarray, strict: bool) -> None:
+def _feed_array(sink: _Sink, value: np.ndarray, *, strict: bool) -> None:
     head = b"A%s:%s:" % (str(value.dtype).encode(), str(value.shape).encode())
     sink.update(head)
     if value.dtype.hasobject:
@@ -284,12 +284,12 @@ def _feed_array(sink: _Sink, value: np.ndarray, strict: bool) -> None:
             )
         # An object array's bytes are the addresses of its elements: write the elements.
         for item in value.reshape(-1).tolist():
-            _feed(sink, item, strict)
+            _feed(sink, item, strict=strict)
         return
     _text(sink, b"d", np.ascontiguousarray(value).tobytes())
 
 
-def _feed_object(sink: _Sink, value: Any, strict: bool) -> None:
+def _feed_object(sink: _Sink, value: Any, *, strict: bool) -> None:
     name = f"{type(value).__module__}.{type(value).__qualname__}".encode()
     if not strict:
         _text(sink, b"r", name + b"=" + repr(value).encode("utf-8", "surrogatepass"))
