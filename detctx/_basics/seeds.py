@@ -4,6 +4,7 @@ Megatron's own offsets, which detctx reproduces), so that the rules are read in 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import operator
 import os
@@ -257,7 +258,7 @@ _MT_WORDS: Final = 624
 def stream_keys(seeds: Sequence[int]) -> np.ndarray[Any, Any]:
     """The Mersenne Twister keys of 64-bit ``seeds``: a ``(len(seeds), 624)`` uint32 array, row
     ``i`` the first 312 words of the SplitMix64 stream of ``seeds[i]`` (how xoshiro's authors
-    fill a large state from one word), about 1 us a seed over a batch.
+    fill a large state from one word), one NumPy pass over a batch's seeds.
 
     For a generator whose own seeding reads 32 bits (``torch.manual_seed``: two seeds that
     differ only above bit 31 give the same stream): a key is a whole state, so every bit of
@@ -265,11 +266,19 @@ def stream_keys(seeds: Sequence[int]) -> np.ndarray[Any, Any]:
     """
     import numpy as np
 
-    u64 = np.uint64
-    steps = np.arange(1, _MT_WORDS // 2 + 1, dtype=u64) * u64(_GOLDEN)
-    z = np.array(seeds, dtype=u64).reshape(-1, 1) + steps
+    z: np.ndarray[Any, Any] = np.array(seeds, dtype=np.uint64).reshape(-1, 1) + _steps()
     _finalise(z)
     return z.view(np.uint32)
+
+
+@functools.cache
+def _steps() -> np.ndarray[Any, Any]:
+    # The counters of a SplitMix64 stream: its first 312 increments of the golden gamma.
+    import numpy as np
+
+    steps: np.ndarray[Any, Any] = np.arange(1, _MT_WORDS // 2 + 1, dtype=np.uint64)
+    steps *= np.uint64(_GOLDEN)
+    return steps
 
 
 def group_seed(seed: int, **coordinates: int) -> int:

@@ -17,8 +17,10 @@ captures the caller's streams once per batch and puts them back after it.
 Each seed has 64 bits and each stream gets all of them
 (:func:`detctx._sources.seeder_of`): torch's CPU generator a whole state
 built for the batch's seeds at once (``manual_seed`` keeps 32 bits), NumPy
-both 32-bit words, Python's ``random`` the int. Seeding costs about 8 us for
-Python's ``random``, 6 us for NumPy and 2 us for torch's CPU generator;
+both 32-bit words, Python's ``random`` the int. Seeding a sample costs about
+8 us for Python's ``random`` (as with 32 bits), 6 times NumPy's 32-bit seeding
+(its array path) and 2.7 times ``manual_seed`` for torch's CPU generator
+(measured in batches of 33: docs/reliability.md);
 ``streams=`` names the ones the dataset draws from, and the first batch each
 process loads checks that the others did not move.
 """
