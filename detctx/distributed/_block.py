@@ -165,7 +165,12 @@ class RankCoordinator:
                 ("verify", self.verify, False),
                 ("timeout", self.timeout, DEFAULT_TIMEOUT_S),
                 ("megatron_seeds", self.megatron_seeds, None),
-                ("mesh_seeds", self.mesh_seeds, None),
+                ("mesh", None if self.mesh_seeds is None else self.mesh_seeds.mesh, None),
+                (
+                    "distinct_dims",
+                    () if self.mesh_seeds is None else self.mesh_seeds.distinct_dims,
+                    (),
+                ),
             )
             if value != default
         }
