@@ -65,7 +65,11 @@ def note_entry(seed: int, *, given: bool) -> None:
     _noted_in = os.getpid()
     from_env = os.environ.get(SEED_ENV, "").strip() != ""
     seed_from = "argument" if given else ("environment" if from_env else "fresh")
-    line = json.dumps({"seed": seed, "seed_from": seed_from, "drawn": _drawn()}) + "\n"
+    try:
+        drawn = _drawn()
+    except Exception:  # a generator replaced by something odd: the note goes without it
+        drawn = {}
+    line = json.dumps({"seed": seed, "seed_from": seed_from, "drawn": drawn}) + "\n"
     try:
         # The parent made the file: never create one, nor follow a link planted there.
         flags = os.O_WRONLY | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0)
