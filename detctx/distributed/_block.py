@@ -89,7 +89,7 @@ class RankCoordinator:
         timeout: float,
         megatron_seeds: MegatronSeeds | None,
         mesh: Any = None,
-        distinct_dims: tuple[str, ...] = (),
+        distinct_dims: object = (),
     ) -> None:
         check_arguments(None, per_rank, group, src)
         self.megatron_seeds = check_megatron_seeds(megatron_seeds, per_rank)
@@ -116,7 +116,7 @@ class RankCoordinator:
             self.group,
             self.src,
             self.timeout,
-            self.megatron_seeds or self.mesh_seeds,
+            self.mesh_seeds if self.megatron_seeds is None else self.megatron_seeds,
         )
         return _Agreed(agreement, self)
 
@@ -203,10 +203,10 @@ class distributed_deterministic(deterministic):
     ``set_determinism`` derives them, ``seed + sum(local_rank(d_i) *
     prod(size(d_j), j < i))`` over the named dims in order, so ranks that
     differ only in the other dims (an SPMD group) draw the same streams;
-    DTensor's RNG tracker is made on entry (where torch has one for the
+    DTensor's RNG tracker is seeded on entry (where torch has one for the
     mesh's devices) and the previous one put back on exit. Not with
     ``per_rank`` or ``megatron_seeds``; a mesh this rank is not in raises
-    ``ValueError`` here (see ``docs/distributed.md``).
+    ``ValueError`` here (see ``docs/mesh.md``).
 
     ``verify=True`` runs :func:`verify_across_ranks` after seeding on entry and
     before restoring on exit. Every rank takes part in the exit check whatever
@@ -266,7 +266,7 @@ class distributed_deterministic(deterministic):
             timeout=timeout,
             megatron_seeds=megatron_seeds,
             mesh=mesh,
-            distinct_dims=distinct_dims,  # type: ignore[arg-type]  # checked there
+            distinct_dims=distinct_dims,
         )
         super().__init__(seed, **switches)
 
