@@ -288,3 +288,17 @@ def test_no_call_to_a_detctx_function_passes_a_bare_true_or_false() -> None:
         and any(isinstance(arg, ast.Constant) and type(arg.value) is bool for arg in node.args)
     ]
     assert offenders == [], "say what a flag means with a keyword"
+
+
+def test_the_pages_for_users_name_no_private_module() -> None:
+    # The pages that record how detctx is built (and was measured) name its files.
+    internal = {"architecture.md", "benchmarks.md", "reliability.md"}
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    offenders = [
+        f"{page.name}: {line.strip()}"
+        for page in pages
+        if page.name not in internal
+        for line in page.read_text(encoding="utf-8").splitlines()
+        if re.search(r"(?<![\w/])detctx/_[a-z]", line)
+    ]
+    assert offenders == []

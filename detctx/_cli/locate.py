@@ -22,6 +22,7 @@ the end does.
 from __future__ import annotations
 
 import os
+import secrets
 import sys
 import tempfile
 import weakref
@@ -41,6 +42,8 @@ __all__ = ["TRACE_ENV", "Tracing", "report_located"]
 TRACE_ENV: Final = "DETCTX_LOCATE_TRACE"
 """The variable :mod:`detctx._locate.child` records into (the same name; importing it from
 there would import torch)."""
+KEY_ENV: Final = "DETCTX_LOCATE_KEY"
+"""The variable that hands every run the digest key (:mod:`detctx._locate.keys`)."""
 
 _SHIM: Final = '''\
 """Written by detctx run --locate: record this process's ops, then the hidden sitecustomize."""
@@ -80,6 +83,9 @@ class Tracing:
         with open(descriptor, "w", encoding="utf-8") as shim:
             shim.write(_SHIM)
         self.runs = 0
+        # One secret key for every run's digests, from the OS's entropy (no seeded
+        # generator moves): a program that does not read it cannot craft a collision.
+        self._key = secrets.token_hex(16)
 
     @classmethod
     def start(cls, log_dir: Path | None) -> Tracing:
@@ -107,6 +113,7 @@ class Tracing:
         self.runs = max(self.runs, index)
         run_env = dict(env)
         run_env[TRACE_ENV] = str(path.resolve())
+        run_env[KEY_ENV] = self._key
         rest = run_env.get("PYTHONPATH", "")
         run_env["PYTHONPATH"] = str(self.site.resolve()) + (os.pathsep + rest if rest else "")
         return run_env

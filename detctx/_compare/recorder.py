@@ -32,6 +32,7 @@ from detctx._compare.format import TraceWriter
 from detctx._compare.sketch import SKETCH, STATISTICS, statistics
 from detctx._locate import (
     INFOS,
+    PUBLIC_KEY,
     UNKNOWN,
     ModuleTracker,
     OpInfo,
@@ -197,7 +198,7 @@ class StatisticsRecorder:
                     _UNREADABLE if row is None else row,
                 )
             )
-            digests.append(digest(tensor) or 0)
+            digests.append(digest(tensor, key=PUBLIC_KEY) or 0)
             key = _key(tensor)
             if key is not None:
                 self._producers[key] = (self.count, position)

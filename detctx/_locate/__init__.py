@@ -14,6 +14,7 @@ from detctx._locate.callsite import UNKNOWN, user_line, user_line_in_backward
 from detctx._locate.child import start_from_environment
 from detctx._locate.digest import digest
 from detctx._locate.divergence import Divergence, compare_traces
+from detctx._locate.keys import PUBLIC_KEY
 from detctx._locate.modules import ModuleTracker
 from detctx._locate.ops import INFOS, OpInfo
 from detctx._locate.outputs import combine_digests
@@ -21,9 +22,11 @@ from detctx._locate.recorder import dispatch_mode_class
 from detctx._locate.search import locate_divergence
 
 # Besides locate's own API, the machinery detctx._compare records with: the running
-# module's path, the user's source line, what each op is, and the digest.
+# module's path, the user's source line, what each op is, and the digest (under the
+# public key: its recordings are compared across processes that share no key).
 __all__ = [
     "INFOS",
+    "PUBLIC_KEY",
     "UNKNOWN",
     "Divergence",
     "ModuleTracker",

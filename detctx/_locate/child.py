@@ -7,6 +7,11 @@ records without a change to ``train.py``. The variable is removed from the
 environment at once, so processes the run starts later (a second script) do not record over
 the same file; a forked child (a DataLoader worker) stops recording in
 itself (:mod:`detctx._locate.recorder`). The trace is closed at interpreter exit.
+
+Every run of one ``detctx run --locate`` digests under one secret key, handed
+over in ``$DETCTX_LOCATE_KEY`` (:mod:`detctx._locate.keys`) and removed from
+the environment before the program runs, like the trace's variable. A run
+without a well-formed key is not recorded: its digests could not be compared.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ import sys
 from pathlib import Path
 from typing import Final
 
+from detctx._basics import TraceError
+from detctx._locate.keys import KEY_ENV, use_key
 from detctx._locate.recorder import OpRecorder
 from detctx._locate.trace import TraceWriter
 
@@ -44,7 +51,13 @@ def start_from_environment() -> bool:
     ``detctx run --locate`` reports the missing trace.
     """
     value = os.environ.pop(TRACE_ENV, None)
+    key = os.environ.pop(KEY_ENV, None)
     if not value:
+        return False
+    try:
+        use_key(key or "")
+    except TraceError as exc:
+        sys.stderr.write(f"detctx: not recording ops: {exc}\n")
         return False
     checked = _check_path(value)
     if isinstance(checked, str):

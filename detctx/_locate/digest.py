@@ -6,7 +6,8 @@ two steps.
 
 **Reduce** (a tensor of more than :data:`SMALL` bytes): the bytes, read as
 signed 8-bit integers, are cut into rows of :data:`ROW_BYTES` (the last one
-padded with zeros) and multiplied by a fixed matrix of odd 8-bit weights,
+padded with zeros) and multiplied by a matrix of odd 8-bit weights drawn from
+the key (:mod:`detctx._locate.keys`),
 :data:`COLUMNS` columns, with exact 32-bit sums (``torch._int_mm``, an
 integer matrix product). The result, 256 times smaller, is reduced again
 until it is no more than :data:`SUMMED` bytes. A difference in the input
@@ -19,8 +20,8 @@ meets a non-zero difference: at most one value of that one cancels), so
 **Sum** (a tensor of at most :data:`SMALL` bytes, or reduced sums of at most
 :data:`SUMMED` bytes, padded to 8-byte words ``w[k]``):
 ``S_A = sum(w[k] * a[k])`` and ``S_B = sum(bswap(w[k]) * c[k])``, modulo
-``2**64``, with ``a`` and ``c`` two splitmix64 streams with the lowest bit
-set (odd, and following no pattern). A change in one word is always seen:
+``2**64``, with ``a`` and ``c`` two streams of odd words drawn from the key
+(following no pattern). A change in one word is always seen:
 ``S_A`` changes by a non-zero ``delta`` times an odd number, never ``0``
 modulo ``2**64``. Other differences cancel in one sum with probability
 about ``2**-(63 - v)``, where ``v`` is the lowest changed bit in every
@@ -40,6 +41,11 @@ missed anywhere in it has a probability below ``10^7 * 2**-54``, about
 ``10^-9``, and a difference that slips through one op is still seen
 at the next op that reads its output.
 
+These bounds hold for a difference that does not depend on the key: one
+that arises by itself, or one crafted without knowing the key. Under the
+public key (:data:`~detctx._locate.keys.PUBLIC_KEY`) a crafted one can be
+solved for; under a secret key only a program that reads the key can.
+
 Speed: the reduce step runs at about 0.06 ns per byte on one CPU core
 (VNNI int8 products), the sums at about 0.15 ns per byte. A tensor is read
 once, in place; the temporaries are the reduced sums (a 256th of its size)
@@ -55,13 +61,14 @@ digests.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import struct
 from typing import Final
 
 import numpy as np
 import torch
+
+from detctx._locate.keys import COLUMNS, ROW_BYTES, WORDS, DigestKey, process_key
 
 __all__ = [
     "COLUMNS",
@@ -77,8 +84,6 @@ __all__ = [
     "layout_code",
     "layout_halves",
     "memory_order_digest",
-    "numpy_stream",
-    "stage_weights",
     "tensor_bytes",
     "whole_rows_digest",
 ]
@@ -86,30 +91,21 @@ __all__ = [
 SMALL: Final = 1 << 11
 """Bytes summed directly; more are reduced first (a reduce step costs less per byte than
 the sums, and one product covers every staged tensor)."""
-ROW_BYTES: Final = 8192
-COLUMNS: Final = 8
 STAGED: Final = SMALL * ROW_BYTES // (4 * COLUMNS)
 """The largest tensor :class:`~detctx._locate.staging.Staging` takes (512 KiB): one
 reduce step brings it to ``SMALL`` bytes."""
 SUMMED: Final = 1 << 16
 """Bytes of reduced sums summed directly: a reduce step's fixed cost (some 20 us) is
 more than summing this many."""
+assert SUMMED // 8 == WORDS
 
-_WORDS: Final = SUMMED // 8
 _FEW: Final = 8
 _UNPACK: Final = [(struct.Struct(f"<{n}Q"), struct.Struct(f">{n}Q")) for n in range(_FEW + 1)]
 _MASK: Final = (1 << 64) - 1
-_GAMMA: Final = 0x9E3779B97F4A7C15
-_MIX1: Final = 0xBF58476D1CE4E5B9
-_MIX2: Final = 0x94D049BB133111EB
-# Where each stream starts in the splitmix64 sequence: far apart, so none overlap.
 STREAM_A: Final = 0
-STREAM_C: Final = 1 << 40
-_STREAM_WEIGHTS: Final = 2 << 40
+STREAM_C: Final = 1
+"""Which of a key's two streams of multipliers (:meth:`DigestKey.stream`)."""
 
-_numpy_streams: dict[int, np.ndarray] = {}
-_torch_streams: dict[tuple[int, torch.device], torch.Tensor] = {}
-_weights: dict[tuple[int, torch.device], torch.Tensor] = {}
 _layouts: dict[tuple[torch.dtype, tuple[int, ...]], int] = {}
 _halves: dict[tuple[torch.dtype, tuple[int, ...]], tuple[int, int]] = {}
 NUMPY_DTYPES: Final = frozenset(
@@ -128,50 +124,6 @@ NUMPY_DTYPES: Final = frozenset(
     }
 )
 """dtypes ``Tensor.numpy()`` reads (bfloat16 and the float8 types take the torch path)."""
-
-
-def _splitmix(start: int, count: int) -> np.ndarray:
-    z = np.arange(start + 1, start + count + 1, dtype=np.uint64) * np.uint64(_GAMMA)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(_MIX1)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(_MIX2)
-    z ^= z >> np.uint64(31)
-    result: np.ndarray = z | np.uint64(1)
-    return result
-
-
-def numpy_stream(start: int) -> np.ndarray:
-    stream = _numpy_streams.get(start)
-    if stream is None:
-        stream = _numpy_streams[start] = _splitmix(start, _WORDS)
-    return stream
-
-
-@functools.cache
-def _few() -> tuple[list[int], list[int]]:
-    """The first multipliers of both streams as Python integers."""
-    return (
-        [int(m) for m in numpy_stream(STREAM_A)[:_FEW]],
-        [int(m) for m in numpy_stream(STREAM_C)[:_FEW]],
-    )
-
-
-def _torch_stream(start: int, device: torch.device) -> torch.Tensor:
-    stream = _torch_streams.get((start, device))
-    if stream is None:
-        signed = torch.from_numpy(numpy_stream(start).view(np.int64))
-        stream = _torch_streams[(start, device)] = signed.to(device)
-    return stream
-
-
-def stage_weights(stage: int, device: torch.device) -> torch.Tensor:
-    """Step ``stage``'s ``ROW_BYTES x COLUMNS`` matrix of odd int8 weights."""
-    weights = _weights.get((stage, device))
-    if weights is None:
-        start = _STREAM_WEIGHTS + stage * ROW_BYTES * COLUMNS
-        low = (_splitmix(start, ROW_BYTES * COLUMNS) & np.uint64(0xFF)).astype(np.uint8)
-        matrix = torch.from_numpy(low.view(np.int8).reshape(ROW_BYTES, COLUMNS))
-        weights = _weights[(stage, device)] = matrix.to(device)
-    return weights
 
 
 def layout_code(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
@@ -205,9 +157,9 @@ def int_matmul(rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         return (rows.to(torch.float64) @ weights.to(torch.float64)).to(torch.int32)
 
 
-def _reduce(data: torch.Tensor, stage: int) -> torch.Tensor:
+def _reduce(data: torch.Tensor, stage: int, key: DigestKey) -> torch.Tensor:
     """One reduce step: uint8 bytes in, the product's int32 sums out as uint8 bytes."""
-    weights = stage_weights(stage, data.device)
+    weights = key.weights(stage, data.device)
     full, rest = divmod(data.numel(), ROW_BYTES)
     signed = data.view(torch.int8)
     if not rest:
@@ -222,12 +174,12 @@ def _reduce(data: torch.Tensor, stage: int) -> torch.Tensor:
     return product.reshape(-1).view(torch.uint8)
 
 
-def _few_sums(raw: bytes) -> tuple[int, int]:
+def _few_sums(raw: bytes, key: DigestKey) -> tuple[int, int]:
     """``(S_A, S_B)`` of at most ``8 * _FEW`` bytes, in Python integers (no NumPy calls)."""
     if len(raw) % 8:
         raw += bytes(8 - len(raw) % 8)
     little, big = _UNPACK[len(raw) // 8]
-    a, c = _few()
+    a, c = key.few
     first = second = 0
     for word, swapped, m_a, m_c in zip(little.unpack(raw), big.unpack(raw), a, c):
         first += word * m_a
@@ -235,11 +187,11 @@ def _few_sums(raw: bytes) -> tuple[int, int]:
     return first & _MASK, second & _MASK
 
 
-def _host_sums(data: np.ndarray) -> tuple[int, int]:
+def _host_sums(data: np.ndarray, key: DigestKey) -> tuple[int, int]:
     """``(S_A, S_B)`` of at most ``SUMMED`` bytes (a contiguous uint8 array), in NumPy."""
     size = len(data)
     if size <= _FEW * 8:
-        return _few_sums(data.tobytes())
+        return _few_sums(data.tobytes(), key)
     if size % 8:
         words = np.zeros(size // 8 + 1, dtype=np.uint64)
         words.view(np.uint8)[:size] = data
@@ -248,12 +200,12 @@ def _host_sums(data: np.ndarray) -> tuple[int, int]:
     count = len(words)
     # Unsigned 64-bit dot products wrap modulo 2**64 without a warning; astype to
     # big-endian reverses each word's bytes in one vectorised pass.
-    first = np.dot(words, numpy_stream(STREAM_A)[:count])
-    second = np.dot(words.astype(">u8").view(np.uint64), numpy_stream(STREAM_C)[:count])
+    first = np.dot(words, key.stream(STREAM_A)[:count])
+    second = np.dot(words.astype(">u8").view(np.uint64), key.stream(STREAM_C)[:count])
     return int(first), int(second)
 
 
-def whole_rows_digest(tensor: torch.Tensor) -> int | None:
+def whole_rows_digest(tensor: torch.Tensor, key: DigestKey | None = None) -> int | None:
     """:func:`digest` of a contiguous CPU tensor of whole :data:`ROW_BYTES` rows whose
     one reduce step leaves at most :data:`SUMMED` bytes, in a dozen calls; ``None`` for
     any other tensor (take :func:`digest`).
@@ -273,16 +225,17 @@ def whole_rows_digest(tensor: torch.Tensor) -> int | None:
         or tensor.is_neg()
     ):
         return None
+    key = process_key() if key is None else key
     signed = tensor.detach().view(-1).view(torch.int8).view(rows, ROW_BYTES)
-    product = int_matmul(signed, stage_weights(0, signed.device)).numpy()
+    product = int_matmul(signed, key.weights(0, signed.device)).numpy()
     words = product.reshape(-1).view(np.uint64)
     count = len(words)
-    first = int(np.dot(words, numpy_stream(STREAM_A)[:count]))
-    second = int(np.dot(words.byteswap(), numpy_stream(STREAM_C)[:count]))
+    first = int(np.dot(words, key.stream(STREAM_A)[:count]))
+    second = int(np.dot(words.byteswap(), key.stream(STREAM_C)[:count]))
     return ((first << 64) | second) ^ layout_code(tensor.dtype, tuple(tensor.shape))
 
 
-def memory_order_digest(tensor: torch.Tensor) -> int | None:
+def memory_order_digest(tensor: torch.Tensor, key: DigestKey | None = None) -> int | None:
     """The digest of a large, dense, permuted CPU tensor read in memory order, its strides
     folded in; ``None`` for any other tensor.
 
@@ -309,13 +262,13 @@ def memory_order_digest(tensor: torch.Tensor) -> int | None:
             return None
         expected *= size
     flat = tensor.detach().as_strided((tensor.numel(),), (1,))
-    bits = digest(flat)
+    bits = digest(flat, key=key)
     if bits is None:
         return None
     return bits ^ layout_code(tensor.dtype, (*tensor.shape, -1, *strides))
 
 
-def _device_sums(data: torch.Tensor) -> tuple[int, int]:
+def _device_sums(data: torch.Tensor, key: DigestKey) -> tuple[int, int]:
     """``(S_A, S_B)`` of at most ``SUMMED`` bytes (a contiguous uint8 tensor), on its device."""
     device = data.device
     full, rest = divmod(data.numel(), 8)
@@ -331,8 +284,8 @@ def _device_sums(data: torch.Tensor) -> tuple[int, int]:
     # modulo 2**64 in two's complement, the same residues as NumPy's uint64.
     totals = torch.stack(
         (
-            (words * _torch_stream(STREAM_A, device)[:count]).sum(),
-            (swapped * _torch_stream(STREAM_C, device)[:count]).sum(),
+            (words * key.torch_stream(STREAM_A, device)[:count]).sum(),
+            (swapped * key.torch_stream(STREAM_C, device)[:count]).sum(),
         )
     )
     first, second = totals.tolist()  # the only copy to the host: 16 bytes
@@ -354,14 +307,17 @@ def tensor_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return flat.view(torch.uint8) if flat.dtype != torch.uint8 else flat
 
 
-def digest(tensor: torch.Tensor, *, on_host: bool | None = None) -> int | None:
+def digest(
+    tensor: torch.Tensor, *, on_host: bool | None = None, key: DigestKey | None = None
+) -> int | None:
     """The 128-bit digest of ``tensor``'s bits, dtype and shape, or ``None`` when unreadable.
 
     A non-contiguous view is read in its logical order. Sparse, quantized and
     meta tensors and tensor subclasses have no digest. ``on_host`` forces
     the final sums into NumPy (``True``, copying at most ``SUMMED`` bytes to
     the host) or into torch (``False``); by default CPU tensors use NumPy and
-    others their own device.
+    others their own device. ``key``: whose constants (default: this process's
+    secret key; two digests compare only under the same key).
     """
     if type(tensor) is not torch.Tensor and not isinstance(tensor, torch.nn.Parameter):
         return None
@@ -371,6 +327,7 @@ def digest(tensor: torch.Tensor, *, on_host: bool | None = None) -> int | None:
     if device == "meta":
         return None
     layout = layout_code(tensor.dtype, tuple(tensor.shape))
+    key = process_key() if key is None else key
     if (
         on_host is not False
         and device == "cpu"
@@ -381,20 +338,20 @@ def digest(tensor: torch.Tensor, *, on_host: bool | None = None) -> int | None:
         # and resolves conj/neg; a non-contiguous view is copied, at most SMALL bytes).
         array = tensor.numpy(force=True)
         if array.nbytes <= _FEW * 8:
-            first, second = _few_sums(array.tobytes())
+            first, second = _few_sums(array.tobytes(), key)
         else:
             array = np.ascontiguousarray(array)
-            first, second = _host_sums(array.reshape(-1).view(np.uint8))
+            first, second = _host_sums(array.reshape(-1).view(np.uint8), key)
         return ((first << 64) | second) ^ layout
     data = tensor_bytes(tensor)
     stage, limit = 0, SMALL
     while data.numel() > limit:
-        data = _reduce(data, stage)
+        data = _reduce(data, stage, key)
         stage, limit = stage + 1, SUMMED
     if on_host is None:
         on_host = data.device.type == "cpu"
     if on_host:
-        first, second = _host_sums(data.cpu().numpy())
+        first, second = _host_sums(data.cpu().numpy(), key)
     else:
-        first, second = _device_sums(data)
+        first, second = _device_sums(data, key)
     return ((first << 64) | second) ^ layout

@@ -26,10 +26,9 @@ from detctx._locate.digest import (
     STREAM_C,
     int_matmul,
     layout_halves,
-    numpy_stream,
-    stage_weights,
     tensor_bytes,
 )
+from detctx._locate.keys import DigestKey, process_key
 
 __all__ = ["CAPACITY", "Staging", "borrow", "give_back", "host_bytes"]
 
@@ -49,7 +48,7 @@ def host_bytes(tensor: torch.Tensor) -> np.ndarray:
 
 
 def _segment_sums(
-    words: np.ndarray, starts: np.ndarray, lengths: np.ndarray
+    words: np.ndarray, starts: np.ndarray, lengths: np.ndarray, key: DigestKey
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(S_A, S_B)`` of each segment of ``words`` (uint64), every segment's streams from 0."""
     first = np.zeros(len(starts), dtype=np.uint64)
@@ -60,8 +59,8 @@ def _segment_sums(
     offsets = np.arange(len(words)) - np.repeat(starts, lengths)
     kept = starts[used]
     # uint64 products and sums wrap modulo 2**64, as in _host_sums.
-    first[used] = np.add.reduceat(words * numpy_stream(STREAM_A)[offsets], kept)
-    second[used] = np.add.reduceat(words.byteswap() * numpy_stream(STREAM_C)[offsets], kept)
+    first[used] = np.add.reduceat(words * key.stream(STREAM_A)[offsets], kept)
+    second[used] = np.add.reduceat(words.byteswap() * key.stream(STREAM_C)[offsets], kept)
     return first, second
 
 
@@ -73,15 +72,17 @@ class Staging:
     into a buffer of :data:`ROW_BYTES` rows, padded to whole rows.
     :meth:`digests` then reduces every row with one matrix product and sums
     every tensor with a few vectorised calls; each digest equals
-    :func:`digest` of that tensor. Nothing is kept of the tensors
+    :func:`digest` of that tensor under ``key`` (default: this process's
+    key, taken when the buffer is made). Nothing is kept of the tensors
     themselves: their bytes are copied when they are added, so a tensor
     written to afterwards does not change its digest.
     """
 
-    def __init__(self, capacity: int = CAPACITY) -> None:
+    def __init__(self, capacity: int = CAPACITY, *, key: DigestKey | None = None) -> None:
         if capacity % ROW_BYTES or capacity < STAGED:
             raise ValueError(f"capacity must be a multiple of {ROW_BYTES} and at least {STAGED}")
         self.capacity = capacity
+        self.key = process_key() if key is None else key
         self._rows = np.zeros(capacity, dtype=np.uint8)
         self._words = np.zeros(capacity // 8, dtype=np.uint8)
         self._rows_used = 0
@@ -160,17 +161,17 @@ class Staging:
             words = self._words[: self._words_used].view(np.uint64)
             begin = starts[direct] // 8
             length = np.diff(begin, append=len(words))
-            first[direct], second[direct] = _segment_sums(words, begin, length)
+            first[direct], second[direct] = _segment_sums(words, begin, length, self.key)
         if in_rows.any():
             rows = self._rows_used // ROW_BYTES
             matrix = torch.from_numpy(self._rows[: self._rows_used]).view(torch.int8)
-            product = int_matmul(matrix.view(rows, ROW_BYTES), stage_weights(0, matrix.device))
+            product = int_matmul(matrix.view(rows, ROW_BYTES), self.key.weights(0, matrix.device))
             # One row of the product (COLUMNS int32 sums) is four words.
             words = product.numpy().reshape(-1).view(np.uint64)
             per_row = 4 * COLUMNS // 8
             begin = starts[in_rows] // ROW_BYTES * per_row
             length = (sizes[in_rows] + ROW_BYTES - 1) // ROW_BYTES * per_row
-            first[in_rows], second[in_rows] = _segment_sums(words, begin, length)
+            first[in_rows], second[in_rows] = _segment_sums(words, begin, length, self.key)
         first ^= np.array(self._high, dtype=np.uint64)
         second ^= np.array(self._low, dtype=np.uint64)
         return first, second
