@@ -174,3 +174,14 @@ def one_launch_at_a_time(tmp_path_factory: pytest.TempPathFactory) -> Iterator[N
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@pytest.fixture
+def one_rank_group() -> Iterator[None]:
+    """A gloo group of this process alone (a ``DeviceMesh`` needs one), taken down after."""
+    dist = torch.distributed
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

@@ -203,17 +203,6 @@ def test_another_world_size_loads_an_elastic_position_but_refuses_a_resumable_lo
         detctx.dcp_resume_state(resumable).load_state_dict(entry)
 
 
-@pytest.fixture
-def one_rank_group() -> Any:
-    """A gloo group of this process alone, taken down after the test."""
-    dist = torch.distributed
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
 @pytest.mark.slow
 @pytest.mark.usefixtures("one_rank_group")
 def test_a_checkpoint_of_another_mesh_layout_is_refused_with_nothing_changed() -> None:

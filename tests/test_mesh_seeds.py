@@ -206,3 +206,25 @@ def test_fully_shard_keeps_each_ranks_shard_of_its_own_initialisation(
     for result in four_ranks:
         seen = result["fully_shard after a distinct init"]
         assert seen == {"own rows kept": True, "whole layer is this rank's": False}
+
+
+@pytest.mark.slow
+@needs_fsdp2
+@pytest.mark.usefixtures("one_rank_group")
+@pytest.mark.parametrize(
+    ("distinct_dims", "error", "words"),
+    [
+        (("tp",), ValueError, r"names \['tp'\], not dims of the mesh \('pp', 'dp'\)"),
+        ("pp", TypeError, "a sequence of mesh dim names"),
+        (("pp", "pp"), ValueError, "names a dim twice"),
+        ((1,), TypeError, "dim names"),
+    ],
+)
+def test_distinct_dims_that_are_not_the_meshs_dims_are_refused_at_construction(
+    distinct_dims: Any, error: type, words: str
+) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("pp", "dp"))
+    with pytest.raises(error, match=words):
+        detctx.distributed_deterministic(seed=SEED, mesh=mesh, distinct_dims=distinct_dims)
