@@ -125,8 +125,8 @@ def noted_cause(notes: Sequence[EntryNote | None]) -> str:
     if any(note is not None and note.seed != first.seed for note in notes):
         seeds = ", ".join(str(note.seed) for note in notes if note is not None)
         return (
-            f"The runs' first blocks had different seeds ({seeds}): give the block its seed, "
-            "deterministic(seed=...), or leave DETCTX_SEED set for seed=None to read."
+            f"The runs' first blocks had different seeds ({seeds}), each chosen by its run: "
+            "give the block a fixed one, deterministic(seed=1234)."
         )
     apart = [
         stream
@@ -139,9 +139,9 @@ def noted_cause(notes: Sequence[EntryNote | None]) -> str:
         return (
             f"Every run entered its first detctx block after drawing from {names}, which "
             f"{'was' if len(apart) == 1 else 'were'} in another state in each run: whatever "
-            "drew those numbers (the model's "
-            "initial weights, the data, a random split) was made before the block and "
-            "differs. Create it inside the block, or call detctx.seed_all(seed) before it."
+            "drew those numbers (the model's initial weights, the data, a random split) was "
+            "made before the block and differs. Create it inside the block, or call "
+            "detctx.seed_all(seed) before it."
         )
     return (
         f"Every run entered its first detctx block with seed {first.seed}, and nothing drawn "
