@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import json
 import struct
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-import trace_gpt
 
 import detctx
 from detctx._cli import main
 from detctx._compare.sketch import COLUMNS, SIGNS, estimate_difference, statistics
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+import across as trace_gpt
 
 HAS_FLASH = hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
 SCALE_LINE = next(
@@ -82,7 +85,7 @@ def test_a_multiply_in_one_mlp_is_the_origin_and_later_ops_inherit(
     origin = result["origin"]
     assert origin["op"] == "aten::mul.Tensor"
     assert origin["module_path"] == "GPT.h.1.mlp"
-    assert origin["source"].endswith(f"trace_gpt.py:{SCALE_LINE}")
+    assert origin["source"].endswith(f"across.py:{SCALE_LINE}")
     assert origin["rank"] == 0 and origin["error"] > origin["tolerance"]
     later = [entry for entry in result["past_tolerance"] if entry["index"] > origin["index"]]
     assert len(later) > 100

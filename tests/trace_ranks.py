@@ -1,4 +1,4 @@
-"""Data-parallel training of ``trace_gpt``'s model under torchrun (gloo): each rank's own
+"""Data-parallel training of ``examples/across.py``'s model under torchrun (gloo): each rank's own
 batch, gradients averaged with ``all_reduce``. ``--scale-rank R`` makes rank R's layer-1
 MLP multiply by 1.003.
 
@@ -14,8 +14,10 @@ import sys
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import trace_gpt
+sys.path.insert(
+    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+)
+import across as trace_gpt
 
 
 def main() -> None:

@@ -73,7 +73,7 @@ def _clear(path: Path) -> None:
 
 def record(path: Path, command: list[str]) -> int:
     """Run ``command`` once, recording into ``path``; the exit status of ``detctx record``."""
-    path = path.absolute()
+    shown, path = path, path.absolute()
     if not path.parent.is_dir():
         raise TraceError(f"the folder of {path} does not exist")
     _clear(path)
@@ -96,10 +96,10 @@ def record(path: Path, command: list[str]) -> int:
             path.mkdir()
             for trace in ranks:
                 trace.rename(path / trace.name)
-            written = f"{len(ranks)} rank traces in {path}"
+            written = f"{len(ranks)} rank traces in {shown}"
         elif (staging / "main.trace").is_file():
             (staging / "main.trace").rename(path)
-            written = f"trace written to {path}"
+            written = f"trace written to {shown}"
         else:
             raise TraceError(
                 "the command wrote no trace: detctx record records the Python processes it "

@@ -183,7 +183,8 @@ def compare_rank(
     table = {name: tolerance_of(name, rtol, atol) for name in set(dtypes)}
     rtols = np.array([table[name][0] for name in dtypes], dtype=np.float64)
     atols = np.array([table[name][1] for name in dtypes], dtype=np.float64)
-    allowed = (atols * np.sqrt(stats_b[:, 0]) + rtols * np.abs(norm_a)) / scale
+    with np.errstate(invalid="ignore"):
+        allowed = (atols * np.sqrt(stats_b[:, 0]) + rtols * np.abs(norm_a)) / scale
     # Equal digests: the op's outputs are the same bits, whatever the sketch's rounding.
     op_partner = alignment.partner
     owner = np.repeat(np.arange(len(b)), b.ops["outputs"].astype(np.int64))
@@ -226,18 +227,19 @@ def compare_rank(
 
 
 def _per_op(b: Trace, error: np.ndarray, allowed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each op's largest output error and the tolerance of that output."""
-    op_error = np.full(len(b), np.nan)
-    op_tolerance = np.full(len(b), np.nan)
-    starts = b.first_value
-    for index in np.flatnonzero(b.ops["outputs"] > 0).tolist():
-        part = error[starts[index] : starts[index + 1]]
-        if np.isnan(part).all():
-            continue
-        worst = int(np.nanargmax(part))
-        op_error[index] = part[worst]
-        op_tolerance[index] = allowed[starts[index] + worst]
-    return op_error, op_tolerance
+    """Each op's largest output error and the tolerance of that output (every recorded op has
+    an output; NaN where none of its outputs has an estimate)."""
+    if not len(b):
+        return np.zeros(0), np.zeros(0)
+    starts = b.first_value[:-1]
+    counts = b.ops["outputs"].astype(np.int64)
+    filled = np.where(np.isnan(error), -np.inf, error)
+    worst = np.maximum.reduceat(filled, starts)
+    at_worst = filled == np.repeat(worst, counts)
+    tolerance = np.maximum.reduceat(np.where(at_worst, allowed, -np.inf), starts)
+    none = worst == -np.inf
+    worst[none], tolerance[none] = np.nan, np.nan
+    return worst, tolerance
 
 
 def _origins(

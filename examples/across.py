@@ -1,12 +1,18 @@
-"""A nanoGPT-style training step for the across-environments tests and docs.
+"""A nanoGPT-style training step, recorded in two environments and compared (docs/proving.md,
+"Across environments").
 
 Token and position embeddings, pre-norm blocks of causal self-attention
 (``F.scaled_dot_product_attention``) and a GELU MLP, a head, cross-entropy,
-AdamW. ``--sdpa math`` runs every attention through SDPA's math kernel (CPU's
-default is its flash kernel); ``--scale-layer N`` multiplies layer N's MLP
-activations by 1.003, the change the tests expect to be found.
+AdamW. ``--sdpa math`` runs every attention through SDPA's math kernel (a
+CPU's default is its flash kernel); ``--scale-layer N`` multiplies layer N's
+MLP activations by 1.003, the change to be found. ``--demo`` records the
+step with the flash kernel and again with the math kernel and the multiply,
+and prints what ``detctx compare`` prints for the two traces.
 
-    python tests/trace_gpt.py [--sdpa math] [--scale-layer 1] [--steps 2]
+    detctx record -o a.trace -- python examples/across.py
+    detctx record -o b.trace -- python examples/across.py --sdpa math --scale-layer 1
+    detctx compare a.trace b.trace
+    python examples/across.py --demo
 """
 
 from __future__ import annotations
@@ -114,12 +120,32 @@ def train(*, steps: int = 2, kernel: str = "flash", scale_layer: int | None = No
     return float(loss.detach())
 
 
+def demo() -> None:
+    import tempfile
+    from pathlib import Path
+
+    import detctx
+
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as folder:
+        a, b = Path(folder, "a.trace"), Path(folder, "b.trace")
+        with detctx.recording(a):
+            train()
+        with detctx.recording(b):
+            train(kernel="math", scale_layer=1)
+        print(detctx.compare_traces(a, b).format(shown=4))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sdpa", default="flash", choices=["flash", "math"])
     parser.add_argument("--scale-layer", type=int)
     parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--demo", action="store_true")
     args = parser.parse_args()
+    if args.demo:
+        demo()
+        return
     print(f"loss {train(steps=args.steps, kernel=args.sdpa, scale_layer=args.scale_layer)}")
 
 
