@@ -54,14 +54,14 @@ def start_from_environment() -> bool:
     key = os.environ.pop(KEY_ENV, None)
     if not value:
         return False
+    checked = _check_path(value)
+    if isinstance(checked, str):
+        sys.stderr.write(f"detctx: not recording ops: ${TRACE_ENV}={value!r}: {checked}\n")
+        return False
     try:
         use_key(key or "")
     except TraceError as exc:
         sys.stderr.write(f"detctx: not recording ops: {exc}\n")
-        return False
-    checked = _check_path(value)
-    if isinstance(checked, str):
-        sys.stderr.write(f"detctx: not recording ops: ${TRACE_ENV}={value!r}: {checked}\n")
         return False
     try:
         writer = TraceWriter(checked, exclusive=True)
