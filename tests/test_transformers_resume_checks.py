@@ -8,6 +8,8 @@ for the Trainer's own loader and for an elastic loader behind ``get_train_datalo
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -113,3 +115,23 @@ def test_a_trainer_resumed_on_the_same_data_goes_on_to_the_end(saved: Path) -> N
 
     assert counter.steps == 3
     assert trainer.state.global_step == 8
+
+
+def test_a_checkpoint_whose_keyed_streams_were_seeded_from_32_bits_is_refused(
+    saved: Path,
+) -> None:
+    # As a detctx before 64-bit sample seeds wrote it: no "keyed_streams" entry.
+    old = saved / "old-detctx" / "checkpoint-5"
+    shutil.copytree(saved / "checkpoint-5", old, dirs_exist_ok=True)
+    state = json.loads((old / "trainer_state.json").read_text())
+    saved_callback = state["stateful_callbacks"]["DeterministicCallback"]
+    del saved_callback["attributes"]["keyed_streams"]
+    (old / "trainer_state.json").write_text(json.dumps(state))
+    trainer, counter = trainer_over(saved / "old-detctx", 32, elastic=is_elastic(saved))
+    before = detctx.capture()
+
+    with pytest.raises(detctx.CheckpointError, match="keyed streams are version 1"):
+        trainer.train(resume_from_checkpoint=str(old))
+
+    assert counter.steps == 0
+    assert detctx.capture() == before
