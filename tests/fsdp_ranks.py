@@ -43,6 +43,26 @@ def build(mesh: Any) -> torch.nn.Module:
     return model
 
 
+def show_dedup(folder: str, rank: int, loader: Any) -> dict[str, Any]:
+    """What DCP gives each rank back of values every rank saves under the same keys: plain
+    ones, and ``detctx.resume_state``'s dict (each rank's RNGs differ here)."""
+    saved = {"pos": 100 + rank, "t": torch.tensor([rank, rank])}
+    dcp.save(saved, checkpoint_id=f"{folder}/plain")
+    loaded = {"pos": -1, "t": torch.tensor([-1, -1])}
+    dcp.load(loaded, checkpoint_id=f"{folder}/plain")
+    own = detctx.capture()
+    state = {"detctx": detctx.resume_state(loader)}
+    dcp.save(state, checkpoint_id=f"{folder}/resume_state")
+    torch.rand(5)  # move on, as training would
+    dcp.load(state, checkpoint_id=f"{folder}/resume_state")
+    try:
+        detctx.resume(state["detctx"], loader)
+        outcome = "own state back" if detctx.capture() == own else "another rank's state"
+    except detctx.CheckpointError:
+        outcome = "refused"
+    return {"pos": loaded["pos"], "t": loaded["t"].tolist(), "resume_state": outcome}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
@@ -50,6 +70,7 @@ def main() -> None:
     parser.add_argument("--save-at", nargs=2)
     parser.add_argument("--async-save", action="store_true")
     parser.add_argument("--resume")
+    parser.add_argument("--show-dedup")
     options = parser.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -60,6 +81,10 @@ def main() -> None:
         IndexedPoints(), batch_size=GLOBAL_BATCH // world, seed=7, drop_last=True, num_workers=1
     )
     steps: list[dict[str, Any]] = []
+    result: dict[str, Any] = {"rank": rank, "world": world, "steps": steps}
+    if options.show_dedup:
+        with detctx.distributed_deterministic(seed=99, mesh=mesh, distinct_dims=("dp",)):
+            result["dedup"] = show_dedup(options.show_dedup, rank, loader)
     with detctx.distributed_deterministic(seed=1234, mesh=mesh, distinct_dims=("dp",)):
         start = 0
         if options.resume:
@@ -101,7 +126,6 @@ def main() -> None:
                 else:
                     dcp.save(state, checkpoint_id=options.save_at[1])
     weights = [p.full_tensor().flatten().tolist() for p in model.parameters()]
-    result = {"rank": rank, "world": world, "steps": steps}
     if rank == 0:
         result["weights"] = weights
     Path(options.out, f"rank{rank}.json").write_text(json.dumps(result))

@@ -45,7 +45,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, A
     folder = tmp_path_factory.mktemp("fsdp_dcp")
     save, save_async = str(folder / "checkpoint"), str(folder / "checkpoint_async")
     return {
-        "straight": torchrun(2, folder / "straight", "--save-at", str(SAVE_AT), save),
+        "straight": torchrun(
+            2,
+            folder / "straight",
+            *("--save-at", str(SAVE_AT), save),
+            *("--show-dedup", str(folder / "dedup")),
+        ),
         "again, saved with async_save": torchrun(
             2, folder / "again", "--save-at", str(SAVE_AT), save_async, "--async-save"
         ),
@@ -57,6 +62,19 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, A
 
 def losses(result: dict[str, Any]) -> list[float]:
     return [step["loss"] for step in result["steps"]]
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_launch_at_a_time")
+def test_dcp_keeps_one_ranks_copy_of_a_key_every_rank_saves_so_resume_state_needs_its_own_form(
+    runs: dict[str, list[dict[str, Any]]],
+) -> None:
+    # docs/mesh.md: {"pos": 100 + rank, "t": tensor([rank, rank])} saved on 2 ranks and loaded
+    # in place gives both ranks pos 100 and t [1, 1]; the plain resume_state dict does not
+    # give rank 1 its own RNG streams back (dcp_resume_state does: the tests below).
+    seen = [result["dedup"] for result in runs["straight"]]
+    assert [(rank["pos"], rank["t"]) for rank in seen] == [(100, [1, 1]), (100, [1, 1])]
+    assert seen[1]["resume_state"] != "own state back"
 
 
 @pytest.mark.slow
