@@ -51,6 +51,20 @@ def test_two_identical_runs_through_nested_tensors_agree(layout):
     assert detctx.locate_divergence(step, runs=3, seed=11) is None
 
 
+def test_the_backward_pass_of_a_jagged_tensor_records_and_identical_runs_agree():
+    layout = _jagged()
+
+    def step() -> tuple[torch.Tensor, torch.Tensor | None]:
+        batch = nested([torch.randn(2, 3), torch.randn(4, 3)], layout)
+        batch.requires_grad_(True)
+        weights = torch.randn(5, 3, requires_grad=True)
+        # Its backward makes jagged tensors whose offsets live on the meta device.
+        torch.nn.functional.linear(batch, weights).values().sum().backward()
+        return weights.grad, batch.grad
+
+    assert detctx.locate_divergence(step) is None
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_a_nested_tensor_whose_values_differ_is_named_at_the_op_that_made_them(layout):
     def step() -> None:

@@ -58,11 +58,7 @@ def unnested(outputs: list[torch.Tensor]) -> list[torch.Tensor]:
         return outputs
     plain: list[torch.Tensor] = []
     for tensor in outputs:
-        if tensor.is_nested:
-            # Detached: unbinding a tensor that requires grad would build autograd nodes.
-            plain.extend(tensor.detach().unbind())
-        else:
-            plain.append(tensor)
+        plain.extend(_components(tensor) if tensor.is_nested else [tensor])
     return plain
 
 
@@ -70,9 +66,22 @@ def describe(tensor: torch.Tensor) -> tuple[torch.dtype, tuple[int, ...], torch.
     """A tensor's dtype, shape and device; a nested tensor's shape is its padded form's."""
     if not tensor.is_nested:
         return tensor.dtype, tuple(tensor.shape), tensor.device
-    components = [tuple(component.shape) for component in tensor.detach().unbind()]
+    components = [tuple(component.shape) for component in _components(tensor)]
     padded = tuple(max(sizes) for sizes in zip(*components)) if components else ()
     return tensor.dtype, (len(components), *padded), tensor.device
+
+
+def _components(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """A nested tensor's components; where torch cannot unbind it, its values buffer."""
+    try:
+        # Detached: unbinding a tensor that requires grad would build autograd nodes.
+        return list(tensor.detach().unbind())
+    except Exception:  # whatever torch raises here: the user's op has run, and must return
+        # A jagged tensor the backward pass makes can hold its offsets on the meta
+        # device: unbind() raises "Cannot copy out of meta tensor". Its values are
+        # plain (and its shape is the same in every run that computes the same).
+        values = getattr(tensor, "_values", None)
+        return [values.detach()] if isinstance(values, torch.Tensor) else []
 
 
 def outputs_digest(outputs: list[torch.Tensor]) -> int:
