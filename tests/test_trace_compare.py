@@ -224,3 +224,39 @@ def test_the_sketch_sees_a_change_in_one_element() -> None:
     assert np.isclose(float(estimate_difference(row_a[7:], row_b[7:])), 1.0, rtol=1e-5)
     assert row_a[0] == 1000 and np.isclose(row_a[5], float(a.mean()), rtol=1e-5)
     assert np.isclose(row_a[6], float(a.norm()), rtol=1e-6)
+
+
+def _crafted(path: Path, flows: list[list[tuple[int, int]]]) -> None:
+    """A trace of one-output ops, op ``i`` reading ``flows[i]``: what a writer never writes."""
+    from detctx._compare.format import TraceWriter
+
+    writer = TraceWriter(path, {"environment": {}, "rank": 0, "world_size": 1})
+    stats = statistics(torch.ones(4))
+    assert stats is not None
+    where = (writer.string("aten::add.Tensor"), writer.string(""), writer.string("x.py:1"), 1)
+    value = (writer.string("float32"), writer.string("[4]"), stats)
+    for inputs in flows:
+        writer.add(where, 0, [value], inputs)
+    writer.close()
+
+
+@pytest.mark.parametrize(
+    ("flows", "problem"),
+    [
+        ([[(0, 0)]], "an input said to come from an op that did not run before it"),
+        ([[], [(1, 0)]], "an input said to come from an op that did not run before it"),
+        ([[], [(0, 3)]], "an input said to be an output its producer does not have"),
+        ([[], [(-2, 0)]], "an input said to come from an op that did not run before it"),
+    ],
+)
+def test_a_crafted_trace_whose_data_flow_points_nowhere_is_refused(
+    flows: list[list[tuple[int, int]]], problem: str, tmp_path: Path
+) -> None:
+    from detctx._compare.format import read_trace
+
+    path = tmp_path / "crafted.trace"
+    _crafted(tmp_path / "fine.trace", [[], [(0, 0)], [(1, 0), (-1, 0)]])
+    assert len(read_trace(tmp_path / "fine.trace")) == 3
+    _crafted(path, flows)
+    with pytest.raises(detctx.TraceError, match=problem):
+        read_trace(path)
