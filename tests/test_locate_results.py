@@ -174,3 +174,12 @@ def test_a_partial_is_named_by_the_function_it_wraps():
 
     assert found is not None and found.reason == "result"
     assert found.source.endswith(f"test_locate_results.py:{step.__code__.co_firstlineno}")
+
+
+def test_a_result_that_holds_itself_is_not_compared_and_nothing_is_raised():
+    def step() -> list[object]:
+        loop: list[object] = [torch.ones(2).sin()]
+        loop.append(loop)
+        return loop
+
+    assert detctx.locate_divergence(step) is None

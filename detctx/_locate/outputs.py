@@ -122,7 +122,15 @@ class ResultLeaf(NamedTuple):
 
 
 def result_leaves(value: Any, path: str = "result") -> list[ResultLeaf]:
-    """Every container and leaf of ``value``, depth first, digested."""
+    """Every container and leaf of ``value``, depth first, digested (a value that holds
+    itself, or is nested deeper than Python recurses, is one part not compared)."""
+    try:
+        return _parts(value, path)
+    except RecursionError:
+        return [ResultLeaf(path, None, f"a {type(value).__name__} nested too deep to compare")]
+
+
+def _parts(value: Any, path: str) -> list[ResultLeaf]:
     found = nested.branches(value)
     if found is None:
         return [_leaf(value, path)]
@@ -131,7 +139,7 @@ def result_leaves(value: Any, path: str = "result") -> list[ResultLeaf]:
     shape = f"{kind.value}|{type(value).__qualname__}|{len(items)}|{'|'.join(keys)}"
     parts = [ResultLeaf(path, _text_digest(shape.encode()), f"a {type(value).__name__}")]
     for index, (key, child) in enumerate(items):
-        parts.extend(result_leaves(child, nested.child_path(path, kind, key, index, _key_text)))
+        parts.extend(_parts(child, nested.child_path(path, kind, key, index, _key_text)))
     return parts
 
 
@@ -160,7 +168,7 @@ def _leaf(value: Any, path: str) -> ResultLeaf:
         return ResultLeaf(path, outputs_digest(unnested([value])) ^ layout_code(dtype, shape), what)
     try:
         data = canonical_bytes(value, strict=True)
-    except TypeError:
+    except (TypeError, ValueError):
         return ResultLeaf(path, None, f"a {type(value).__name__}")
     return ResultLeaf(path, _text_digest(data), f"a {type(value).__name__}")
 
