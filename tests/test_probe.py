@@ -16,6 +16,7 @@ from detctx._cli import main
 from detctx._cli.probe import format_report
 from detctx._proving import probe as detctx_probe
 from detctx._proving.probe import PROBE_OPS, ProbeOp, run_probe
+from detctx._proving.probe_catalogue import placed
 
 
 def summing_in_a_random_order(device: torch.device, large: bool) -> object:
@@ -77,6 +78,18 @@ def test_a_deliberately_nondeterministic_op_added_to_the_catalogue_is_reported()
     [row] = report.nondeterministic()
     assert row.op == "random-order sum" and row.device == "cpu"
     assert (row.identical_off, row.identical_on, row.raises) == (False, False, False)
+
+
+def test_a_kernel_whose_result_moves_with_where_its_inputs_lie_is_reported() -> None:
+    # What MKL documents without MKL_CBWR: vectorised loops that start at another
+    # alignment add in another order. Here the address itself leaks into the result.
+    by_alignment = ProbeOp("aligned", placed(lambda a, b: a @ b + a.data_ptr() % 64))
+    moved = [op for op in PROBE_OPS if op.name == "matmul, inputs moved in memory"]
+
+    report = run_probe(["cpu"], ops=[*moved, by_alignment], runs=4)
+
+    assert [row.op for row in report.nondeterministic()] == ["aligned"]
+    assert [row.op for row in report.rows] == ["matmul, inputs moved in memory", "aligned"]
 
 
 def test_an_op_that_raises_under_determinism_and_one_that_fails_are_told_apart() -> None:

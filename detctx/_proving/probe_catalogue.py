@@ -19,7 +19,7 @@ from typing import Any, Final
 import torch
 import torch.nn.functional as F
 
-__all__ = ["PROBE_OPS", "ProbeOp"]
+__all__ = ["PROBE_OPS", "ProbeOp", "placed"]
 
 Thunk = Callable[[], Any]
 
@@ -149,6 +149,36 @@ def _matmul(device: torch.device, large: bool) -> Thunk:
     return lambda: a @ b
 
 
+def placed(
+    product: Callable[[torch.Tensor, torch.Tensor], Any],
+) -> Callable[[torch.device, bool], Thunk]:
+    """A probe whose thunk calls ``product`` on the same values each time, but in other
+    memory: each call starts them 4 bytes further, up to 60.
+
+    MKL documents that without its conditional numerical reproducibility
+    (``MKL_CBWR``) a result may depend on the inputs' alignment, and a run
+    does not choose where its tensors land.
+    """
+
+    def build(device: torch.device, large: bool) -> Thunk:
+        rows, inner = (256, 4096) if large else (64, 512)
+        a, b = _randn(device, rows, inner), _randn(device, inner, inner // 8)
+        calls = [0]
+
+        def moved(tensor: torch.Tensor, offset: int) -> torch.Tensor:
+            room = torch.zeros(tensor.numel() + offset, device=device)
+            return room[offset:].view(tensor.shape).copy_(tensor)
+
+        def run() -> Any:
+            calls[0] += 1
+            offset = calls[0] % 16
+            return product(moved(a, offset), moved(b, 15 - offset))
+
+        return run
+
+    return build
+
+
 def _bmm(device: torch.device, large: bool) -> Thunk:
     batch, side = (16, 512) if large else (4, 32)
     a, b = _randn(device, batch, side, side), _randn(device, batch, side, side)
@@ -212,6 +242,7 @@ PROBE_OPS: Final[tuple[ProbeOp, ...]] = (
     ProbeOp("histc", _histc),
     ProbeOp("matmul", _matmul),
     ProbeOp("bmm", _bmm),
+    ProbeOp("matmul, inputs moved in memory", placed(torch.matmul)),
     ProbeOp("nll_loss2d", _nll_loss2d),
     ProbeOp("ctc_loss backward", _ctc_loss),
     ProbeOp("all_reduce", _all_reduce, _in_process_group_on),
