@@ -230,7 +230,7 @@ def _crafted(path: Path, flows: list[list[tuple[int, int]]]) -> None:
     """A trace of one-output ops, op ``i`` reading ``flows[i]``: what a writer never writes."""
     from detctx._compare.format import TraceWriter
 
-    writer = TraceWriter(path, {"environment": {}, "rank": 0, "world_size": 1})
+    writer = TraceWriter(path, lambda: {"environment": {}, "rank": 0, "world_size": 1})
     stats = statistics(torch.ones(4))
     assert stats is not None
     where = (writer.string("aten::add.Tensor"), writer.string(""), writer.string("x.py:1"), 1)

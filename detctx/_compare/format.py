@@ -22,6 +22,7 @@ import os
 import stat
 import struct
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO, Final
 
@@ -64,14 +65,13 @@ MAX_BYTES: Final = 1 << 34
 class TraceWriter:
     """Writes rows to ``path`` a chunk at a time; :meth:`close` writes the end chunk."""
 
-    def __init__(self, path: Path, header: dict[str, Any]) -> None:
+    def __init__(self, path: Path, header: Callable[[], dict[str, Any]]) -> None:
         self.path = path
         # Unbuffered: a forked child that abandons the trace has no buffer to flush at exit.
         self._file: BinaryIO | None = open(path, "xb", buffering=0)
-        text = json.dumps(
-            {"format": FORMAT, "sketch": [SIGNS, COLUMNS], **header}, sort_keys=True
-        ).encode()
-        self._file.write(_START.pack(MAGIC, VERSION, len(text)) + text)
+        # The header is read when the first op is recorded (or at close): by then the
+        # program has set its determinism switches, which `detctx record` starts before.
+        self._header: Callable[[], dict[str, Any]] | None = header
         self._strings: dict[str, int] = {}
         self._new: list[str] = []
         self._ops: list[tuple[int, ...]] = []
@@ -94,11 +94,22 @@ class TraceWriter:
         inputs: list[tuple[int, int]],
     ) -> None:
         """One op: its (op, module, source, node) strings, digest, outputs and producers."""
+        if self._header is not None:
+            self._write_header()
         self._ops.append((*where, len(values), len(inputs), digest >> 64, digest & (2**64 - 1)))
         self._values.extend(values)
         self._inputs.extend(inputs)
         if len(self._ops) >= _ROWS:
             self.flush()
+
+    def _write_header(self) -> None:
+        header, self._header = self._header, None
+        if header is None or self._file is None:
+            return
+        text = json.dumps(
+            {"format": FORMAT, "sketch": [SIGNS, COLUMNS], **header()}, sort_keys=True
+        ).encode()
+        self._file.write(_START.pack(MAGIC, VERSION, len(text)) + text)
 
     def flush(self) -> None:
         if self._file is None or not (self._ops or self._new):
@@ -141,6 +152,7 @@ class TraceWriter:
         if self._file is None:
             return
         try:
+            self._write_header()
             self.flush()
             self._write(b"E", json.dumps({"rows": self.totals}).encode())
         finally:

@@ -27,8 +27,9 @@ RECORD_ENV: Final = "DETCTX_RECORD_DIR"
 
 
 def _open(path: Path, rank: int, world: int) -> TraceWriter:
-    header = {"environment": environment(), "rank": rank, "world_size": world}
-    return TraceWriter(path, header)
+    return TraceWriter(
+        path, lambda: {"environment": environment(), "rank": rank, "world_size": world}
+    )
 
 
 def trace_path(path: str | os.PathLike[str]) -> Path:
