@@ -94,3 +94,16 @@ def test_under_torchrun_each_rank_records_and_the_origin_names_rank_1(tmp_path: 
     assert result["origin"]["module_path"] == "GPT.h.1.mlp"
     same = detctx("compare", str(tmp_path / "a"), str(tmp_path / "a"))
     assert same.returncode == 0 and "bit for bit" in same.stdout
+
+
+@pytest.mark.slow
+def test_record_replaces_an_earlier_folder_of_rank_traces_only_when_it_holds_nothing_else(
+    tmp_path: Path,
+) -> None:
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "rank0.trace").write_bytes(b"DETCTXST" + bytes(8))
+    (folder / "notes.txt").write_text("keep me")
+    result = detctx("record", "-o", str(folder), "--", sys.executable, "-c", "pass")
+    assert result.returncode == 2 and "notes.txt besides rank traces" in result.stderr
+    assert sorted(p.name for p in folder.iterdir()) == ["notes.txt", "rank0.trace"]

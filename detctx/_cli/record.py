@@ -61,12 +61,16 @@ def _clear(path: Path) -> None:
             f"{path} exists and is not a trace detctx recorded: choose another path or remove it"
         )
     if path.is_dir():
-        for child in path.glob("rank*.trace"):
+        traces = [child for child in path.iterdir() if looks_like_trace(child)]
+        others = sorted(child.name for child in path.iterdir() if child not in traces)
+        if others:
+            raise TraceError(
+                f"{path} holds {', '.join(others[:3])} besides rank traces: choose another "
+                "path or remove them"
+            )
+        for child in traces:
             child.unlink()
-        try:
-            path.rmdir()
-        except OSError:
-            raise TraceError(f"{path} holds files besides rank traces: remove them") from None
+        path.rmdir()
     else:
         path.unlink(missing_ok=True)
 
