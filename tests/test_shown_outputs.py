@@ -136,3 +136,40 @@ def test_the_pages_name_one_machine_for_the_figures_measured_on_it():
 
     assert here is not None and there is not None
     assert here.group(1) == there.group(1)
+
+
+def test_the_agreement_at_printed_precision_shown_is_what_the_verdict_prints():
+    from detctx._cli.curves import Curve, Point, compare
+    from detctx._cli.verdict import describe
+
+    page = (ROOT / "docs" / "proving.md").read_text(encoding="utf-8")
+    shown = re.search(r"```\n(2 curves agree at the printed precision.*?)\n```", page, re.DOTALL)
+    texts = ["2.072", "2.051", "2.033", "2.010", "1.987", "1.966", "1.950", "1.932"]
+    curve = Curve("run", tuple(Point(float(t), t, n, None) for n, t in enumerate(texts, 1)))
+
+    assert shown is not None
+    assert describe(compare([curve, Curve("run 2", curve.points)])) == shown.group(1)
+
+
+def test_the_causes_the_pages_quote_are_what_the_verdict_says():
+    from detctx._basics import EntryNote
+    from detctx._cli.hints import different_start, exported_seed, noted_cause
+
+    said = "\n".join(
+        [
+            noted_cause([None, None]),
+            noted_cause([EntryNote(1, "argument", {"torch": t * 16}) for t in "ab"]),
+            noted_cause([EntryNote(1, "argument", {}), EntryNote(1, "argument", {})]),
+            different_start(1),
+            exported_seed([EntryNote(1234, "environment", {})], 1234),
+        ]
+    )
+    page = (ROOT / "docs" / "proving.md").read_text(encoding="utf-8")
+    paragraph = page.split("Runs that differ from the very first point did not start", 1)[1]
+    paragraph = paragraph.split("When the runs agree and the logs print", 1)[0]
+    quoted = re.findall(r'"([^"]+)"', paragraph.replace("\n", " "))
+
+    assert len(quoted) >= 5
+    for quote in quoted:
+        for part in quote.split(" ... "):
+            assert part in said, part
