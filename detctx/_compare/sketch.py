@@ -24,11 +24,11 @@ in every column, so the columns are one sample), and about
 ``sqrt(2 / (SIGNS * COLUMNS)) = 0.18`` for a difference spread over many
 elements without such structure (rounding noise, a scaled tensor, a changed
 kernel); the norm, a square root, is within about 9% then, and within a
-factor of 3 in all but about 1 case in 100 even in the worst case (the
-tests check both on drawn differences). That is enough for what it decides:
-whether an error is above or below a tolerance that sits orders of
-magnitude from both kernel noise and a real change (see
-:mod:`detctx._compare.tolerances`). Float32 outputs are sketched in float32
+factor of 3 in all but about 2 cases in 100 even in the worst case (the
+chance that a chi-square of 4 degrees falls below 4/9; the tests check
+both on drawn differences). That is enough for what it decides: whether an
+error is above or below a tolerance that sits orders of magnitude from both
+kernel noise and a real change (see :data:`detctx._compare.compare.TOLERANCES`). Float32 outputs are sketched in float32
 (BLAS sums): the sketch's own rounding, about ``2**-24`` of the column
 norms, is below every float32 tolerance, and equal bits give equal sketches
 on one machine; the tolerance comparison never rests on differences that
