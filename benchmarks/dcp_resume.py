@@ -1,4 +1,4 @@
-"""Scenario 11: what detctx's entry adds to a ``torch.distributed.checkpoint`` save and load.
+"""Scenario 12: what detctx's entry adds to a ``torch.distributed.checkpoint`` save and load.
 
 One process (DCP without a process group): a 4-layer MLP of 1M parameters
 (4 MiB of float32) with AdamW's state (twice that again), and an elastic
@@ -23,7 +23,7 @@ import detctx
 from benchmarks.harness import Result, Row, Settings, Table, measure, repeated
 from benchmarks.harness import preserved_process_state as preserved
 
-SCENARIO = "11 DCP checkpoint"
+SCENARIO = "12 DCP checkpoint"
 WIDTH = 512
 
 
