@@ -172,3 +172,17 @@ def test_a_run_handed_a_malformed_key_records_nothing_and_its_program_never_sees
 
     assert done.stdout.split() == ["False", "None"]
     assert KEY_ENV in done.stderr and not trace.exists()
+
+
+def test_a_buffer_kept_under_another_key_is_not_lent_again(monkeypatch: pytest.MonkeyPatch):
+    from detctx._locate.staging import borrow, give_back
+
+    give_back(borrow())
+    monkeypatch.setattr(keys_module, "_process_key", DigestKey(bytes(16)))
+
+    staging = borrow()
+
+    assert staging.key is process_key()
+    staging.add(torch.ones(4096))
+    high, low = staging.digests()
+    assert (int(high[0]) << 64) | int(low[0]) == digest(torch.ones(4096))

@@ -208,10 +208,15 @@ def borrow() -> Staging:
     virtual machine can cost more than the bytes' digest: one recording after
     another reuses the same pages.
     """
+    key = process_key()
     with _pool_lock:
-        if _pool:
-            return _pool.pop()
-    return Staging()
+        while _pool:
+            staging = _pool.pop()
+            if staging.key is key:
+                return staging
+    # None kept, or kept under a key this process no longer digests with (its digests
+    # would not compare with those of ops digested at once).
+    return Staging(key=key)
 
 
 def give_back(staging: Staging) -> None:
