@@ -48,6 +48,8 @@ __all__ = ["StatisticsRecorder"]
 _KEY: Final = "detctx._compare"
 _PASSED_ON: Final = frozenset({"aten::clone", "aten::select_backward", "aten::slice_backward"})
 """Skipped ops whose output holds their first input's bits: its producer is passed on."""
+_VIEWS: set[Any] = set()
+"""Skipped ops whose every output aliases an input (views): their memory keeps its producer."""
 _UNREADABLE: Final = np.concatenate([np.zeros(3), np.full(len(STATISTICS) - 3 + SKETCH, np.nan)])
 
 
@@ -112,6 +114,7 @@ class StatisticsRecorder:
         self._thread = 0
         self._pending: tuple[list[torch.Tensor], tuple[str, str]] | None = None
         self._producers: dict[int, tuple[int, int]] = {}
+        self._described: dict[tuple[torch.dtype, tuple[int, ...]], tuple[int, int]] = {}
         self._current_node: Callable[[], Any] | None = getattr(
             torch._C, "_current_autograd_node", None
         )
@@ -172,11 +175,13 @@ class StatisticsRecorder:
             info = INFOS[func] = OpInfo(func)
         if self._pending is not None:
             self._annotate()
-        read = [t for value in (*args, *kwargs.values()) for t in _tensors(value)]
         if info.skip:
             result = info.call(*args, **kwargs)
-            self._pass_on(info.name, read, _tensors(result))
+            if func not in _VIEWS:
+                read = [t for value in (*args, *kwargs.values()) for t in _tensors(value)]
+                self._pass_on(func, info.name, read, _tensors(result))
             return result
+        read = [t for value in (*args, *kwargs.values()) for t in _tensors(value)]
         inputs = [self._producer(tensor) for tensor in read]
         result = info.call(*args, **kwargs)
         outputs = [result] if type(result) is torch.Tensor else _tensors(result)
@@ -191,13 +196,14 @@ class StatisticsRecorder:
         digests = []
         for position, tensor in enumerate(outputs):
             row = statistics(tensor)
-            values.append(
-                (
+            shape = tuple(tensor.shape)
+            described = self._described.get((tensor.dtype, shape))
+            if described is None:
+                described = self._described[(tensor.dtype, shape)] = (
                     writer.string(str(tensor.dtype).removeprefix("torch.")),
-                    writer.string(str(list(tensor.shape))),
-                    _UNREADABLE if row is None else row,
+                    writer.string(str(list(shape))),
                 )
-            )
+            values.append((*described, _UNREADABLE if row is None else row))
             digests.append(digest(tensor, key=PUBLIC_KEY) or 0)
             key = _key(tensor)
             if key is not None:
@@ -220,9 +226,16 @@ class StatisticsRecorder:
             self._pending = (outputs, where)
         return (*where, "")
 
-    def _pass_on(self, name: str, read: list[torch.Tensor], made: list[torch.Tensor]) -> None:
+    def _pass_on(
+        self, func: Any, name: str, read: list[torch.Tensor], made: list[torch.Tensor]
+    ) -> None:
         """A skipped op's new memory: its source's producer (a copy) or none (a constant)."""
         if not made:
+            return
+        if all(r.alias_info is not None for r in func._schema.returns) and len(
+            func._schema.returns
+        ) == len(made):
+            _VIEWS.add(func)  # its outputs are its inputs' memory: nothing to pass on
             return
         source = self._producer(read[0]) if name in _PASSED_ON and read else None
         known = {_key(tensor) for tensor in read}
