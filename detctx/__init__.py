@@ -43,9 +43,7 @@ if TYPE_CHECKING:
         seed_all,
     )
     from detctx._data import (
-        DCPResumeState,
         ElasticLoader,
-        dcp_resume_state,
         elastic_loader,
         loader_generator,
         resumable_loader,
@@ -104,8 +102,6 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "Seeding",
     ),
     "detctx._data": (
-        "DCPResumeState",
-        "dcp_resume_state",
         "ElasticLoader",
         "elastic_loader",
         "loader_generator",
@@ -185,7 +181,6 @@ __all__ = [
     "PROBE_OPS",
     "SEED_ENV",
     "CheckpointError",
-    "DCPResumeState",
     "DetctxError",
     "DeterminismUnavailableError",
     "DeterminismWarning",
@@ -220,7 +215,6 @@ __all__ = [
     "check_reproducible",
     "collective_device",
     "compare_traces",
-    "dcp_resume_state",
     "derive_seed",
     "deterministic",
     "deterministic_region",
