@@ -42,8 +42,11 @@ if TYPE_CHECKING:
         open_blocks,
         seed_all,
     )
+    from detctx._compare import TraceComparison, compare_traces, recording
     from detctx._data import (
+        DCPResumeState,
         ElasticLoader,
+        dcp_resume_state,
         elastic_loader,
         loader_generator,
         resumable_loader,
@@ -51,7 +54,6 @@ if TYPE_CHECKING:
         resume_state,
         seed_worker,
     )
-    from detctx._compare import TraceComparison, compare_traces, recording
     from detctx._environment import EnvSwitchOptions
     from detctx._locate import Divergence, locate_divergence
     from detctx._proving import (
@@ -102,6 +104,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "Seeding",
     ),
     "detctx._data": (
+        "DCPResumeState",
+        "dcp_resume_state",
         "ElasticLoader",
         "elastic_loader",
         "loader_generator",
@@ -181,6 +185,7 @@ __all__ = [
     "PROBE_OPS",
     "SEED_ENV",
     "CheckpointError",
+    "DCPResumeState",
     "DetctxError",
     "DeterminismUnavailableError",
     "DeterminismWarning",
@@ -215,6 +220,7 @@ __all__ = [
     "check_reproducible",
     "collective_device",
     "compare_traces",
+    "dcp_resume_state",
     "derive_seed",
     "deterministic",
     "deterministic_region",
