@@ -29,9 +29,10 @@ chance that a chi-square of 4 degrees falls below 4/9; the tests check
 both on drawn differences). That is enough for what it decides: whether an
 error is above or below a tolerance that sits orders of magnitude from both
 kernel noise and a real change (see :data:`detctx._compare.compare.TOLERANCES`).
-Float32 outputs are sketched in float32 (BLAS sums): the sketch's own rounding, about ``2**-24`` of the column
-norms, is below every float32 tolerance, and equal bits give equal sketches
-on one machine; the tolerance comparison never rests on differences that
+Float32 outputs are sketched in float32 (BLAS sums): the sketch's own
+rounding, about ``2**-24`` of the column norms, is below every float32
+tolerance, and equal bits give equal sketches on one machine; the tolerance
+comparison never rests on differences that
 small. Bitwise equality is decided by the digest, not by the sketch.
 
 **What it cannot see.** A difference confined to a few elements whose
