@@ -32,6 +32,8 @@ def looks_like_trace(path: Path) -> bool:
     """Whether ``path`` is a statistics trace, or a folder holding rank traces."""
     if path.is_dir():
         return any(looks_like_trace(child) for child in sorted(path.glob("rank*.trace")))
+    if not path.is_file():
+        return False  # a FIFO would block the open; the log reader refuses it with a reason
     try:
         with open(path, "rb") as stream:
             return stream.read(len(MAGIC)) == MAGIC
