@@ -193,6 +193,8 @@ def is_trace(path: Path) -> bool:
     """Whether ``path`` is a statistics trace or a folder of them, by its header."""
     if path.is_dir():
         return any(is_trace(child) for child in sorted(path.glob("rank*.trace")))
+    if not path.is_file():
+        return False  # a FIFO would block the open
     try:
         with open(path, "rb") as stream:
             return stream.read(len(MAGIC)) == MAGIC
