@@ -51,6 +51,11 @@ def test_record_writes_a_trace_of_an_unchanged_script_and_compare_finds_the_chan
     assert compared.returncode == 1, compared.stderr
     origin = json.loads(compared.stdout)["origin"]
     assert (origin["op"], origin["module_path"]) == ("aten::mul.Tensor", "GPT.h.0.mlp")
+    # Another process, the same program: the same bits (the digest's key is the same in both).
+    third = detctx("record", "-o", str(tmp_path / "c.trace"), "--", sys.executable, script)
+    assert third.returncode == 0, third.stderr
+    same = detctx("compare", str(tmp_path / "a.trace"), str(tmp_path / "c.trace"))
+    assert same.returncode == 0 and "AGREE bit for bit" in same.stdout
 
 
 @pytest.mark.slow
