@@ -37,8 +37,8 @@ from detctx._locate import (
     ModuleTracker,
     OpInfo,
     combine_digests,
-    digest,
     dispatch_mode_class,
+    tensor_digest,
     user_line,
     user_line_in_backward,
 )
@@ -204,7 +204,7 @@ class StatisticsRecorder:
                     writer.string(str(list(shape))),
                 )
             values.append((*described, _UNREADABLE if row is None else row))
-            digests.append(digest(tensor, key=PUBLIC_KEY) or 0)
+            digests.append(tensor_digest(tensor, key=PUBLIC_KEY) or 0)
             key = _key(tensor)
             if key is not None:
                 self._producers[key] = (self.count, position)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from detctx._locate.callsite import UNKNOWN, user_line, user_line_in_backward
 from detctx._locate.child import start_from_environment
-from detctx._locate.digest import digest
+from detctx._locate.digest import digest as tensor_digest
 from detctx._locate.divergence import Divergence, compare_traces
 from detctx._locate.keys import PUBLIC_KEY
 from detctx._locate.modules import ModuleTracker
@@ -33,10 +33,10 @@ __all__ = [
     "OpInfo",
     "combine_digests",
     "compare_traces",
-    "digest",
     "dispatch_mode_class",
     "locate_divergence",
     "start_from_environment",
+    "tensor_digest",
     "user_line",
     "user_line_in_backward",
 ]
