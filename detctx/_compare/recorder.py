@@ -39,6 +39,7 @@ from detctx._locate import (
     combine_digests,
     dispatch_mode_class,
     tensor_digest,
+    tensors,
     user_line,
     user_line_in_backward,
 )
@@ -93,14 +94,6 @@ def _key(tensor: torch.Tensor) -> int | None:
     except (RuntimeError, NotImplementedError, AttributeError):
         return None
     return pointer or None
-
-
-def _tensors(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [item for item in value if isinstance(item, torch.Tensor)]
-    return []
 
 
 class StatisticsRecorder:
@@ -178,16 +171,18 @@ class StatisticsRecorder:
         if info.skip:
             result = info.call(*args, **kwargs)
             if func not in _VIEWS:
-                read = [t for value in (*args, *kwargs.values()) for t in _tensors(value)]
-                self._pass_on(func, info.name, read, _tensors(result))
+                read = [t for value in (*args, *kwargs.values()) for t in tensors(value)]
+                self._pass_on(func, info.name, read, tensors(result))
             return result
-        read = [t for value in (*args, *kwargs.values()) for t in _tensors(value)]
+        read = [t for value in (*args, *kwargs.values()) for t in tensors(value)]
         inputs = [self._producer(tensor) for tensor in read]
         result = info.call(*args, **kwargs)
-        outputs = [result] if type(result) is torch.Tensor else _tensors(result)
+        outputs = [result] if type(result) is torch.Tensor else tensors(result)
+        if info.kept is not None:
+            outputs = outputs[: info.kept]
         for index, name in info.written:
             argument = args[index] if index < len(args) else kwargs.get(name)
-            outputs.extend(t for t in _tensors(argument) if not any(t is o for o in outputs))
+            outputs.extend(t for t in tensors(argument) if not any(t is o for o in outputs))
         if not outputs:
             return result
         where = self._where(outputs)

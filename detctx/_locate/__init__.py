@@ -17,7 +17,7 @@ from detctx._locate.divergence import Divergence, compare_traces
 from detctx._locate.keys import PUBLIC_KEY
 from detctx._locate.modules import ModuleTracker
 from detctx._locate.ops import INFOS, OpInfo
-from detctx._locate.outputs import combine_digests
+from detctx._locate.outputs import combine_digests, tensors
 from detctx._locate.recorder import dispatch_mode_class
 from detctx._locate.search import locate_divergence
 
@@ -37,6 +37,7 @@ __all__ = [
     "locate_divergence",
     "start_from_environment",
     "tensor_digest",
+    "tensors",
     "user_line",
     "user_line_in_backward",
 ]

@@ -20,7 +20,7 @@ __all__ = ["INFOS", "OpInfo", "generator_state"]
 
 
 class OpInfo:
-    __slots__ = ("call", "name", "number", "random", "skip", "written")
+    __slots__ = ("call", "kept", "name", "number", "random", "skip", "written")
 
     def __init__(self, func: Any) -> None:
         schema = func._schema
@@ -38,6 +38,7 @@ class OpInfo:
             if argument.alias_info is not None and argument.alias_info.is_write
         )
         returns = schema.returns
+        self.kept: int | None = _BOOKKEEPING.get(schema.name)
         self.skip = (
             (
                 bool(returns)
@@ -50,6 +51,25 @@ class OpInfo:
             or self.name in _CONSTANTS
             or schema.name.startswith("profiler::")
         )
+
+
+_BOOKKEEPING: Final = {
+    "aten::_scaled_dot_product_flash_attention": 2,
+    "aten::_scaled_dot_product_efficient_attention": 2,
+    "aten::_scaled_dot_product_cudnn_attention": 2,
+    "aten::_flash_attention_forward": 2,
+    "aten::_efficient_attention_forward": 2,
+}
+"""Ops whose outputs past the first few are bookkeeping, not values: how many carry values.
+
+The attention kernels return their output and log-sum-exp, then sequence
+lengths, dropout seeds and a debug mask that the kernel may leave as
+uninitialised memory: torch 2.1's CPU flash kernel returns five 0-dim
+tensors that hold other bits on every call with the same inputs
+(``torch.ops.aten._scaled_dot_product_flash_attention(q, q, q, 0.0, True)``
+three times, then ``torch.equal`` on outputs 2, 3, 6, 7, 8). Only the values
+are recorded; a difference in a dropout seed shows in the output it drew.
+"""
 
 
 INFOS: dict[Any, OpInfo] = {}

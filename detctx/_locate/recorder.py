@@ -232,6 +232,8 @@ class OpRecorder:
         rng = generator_state(func, args, kwargs) if info.random else None
         result = info.call(*args, **kwargs)
         outputs = [result] if type(result) is torch.Tensor else tensors(result)
+        if info.kept is not None:
+            outputs = outputs[: info.kept]
         for index, name in info.written:
             argument = args[index] if index < len(args) else kwargs.get(name)
             outputs.extend(t for t in tensors(argument) if not any(t is o for o in outputs))
