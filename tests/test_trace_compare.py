@@ -260,3 +260,33 @@ def test_a_crafted_trace_whose_data_flow_points_nowhere_is_refused(
     _crafted(path, flows)
     with pytest.raises(detctx.TraceError, match=problem):
         read_trace(path)
+
+
+OLDEST_TORCH_TRACE = Path(__file__).parent / "data" / "across-torch-2.1.2.trace"
+"""examples/across.py's step recorded on torch 2.1.2 (CPU, one thread), as ``record`` does.
+
+Made again when the example or the trace format changes, from the project's folder, in an
+environment with torch 2.1.2 and this detctx installed: ``python -c "import sys, torch;
+sys.path.insert(0, 'examples'); import across, detctx; torch.set_num_threads(1);
+ctx = detctx.recording('tests/data/across-torch-2.1.2.trace'); ctx.__enter__();
+across.train(); ctx.__exit__(None, None, None)"``.
+"""
+
+
+@pytest.mark.parametrize("scale_layer", [None, 1])
+def test_a_trace_from_torch_2_1_compares_with_one_from_this_torch(
+    scale_layer: int | None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The oldest claimed release records the same step within tolerance of this one, and a
+    # multiply added on this side is still the origin across the two releases.
+    here = record(tmp_path / "here.trace", scale_layer=scale_layer)
+    status, result = compare_json(OLDEST_TORCH_TRACE, here, capsys)
+    releases = result["environment_differences"].get("torch", [torch.__version__])
+    assert releases[0].startswith("2.1.2")  # no difference where this torch is 2.1.2 too
+    if scale_layer is None:
+        assert status == 0 and result["agree"], result["past_tolerance"][:3]
+        assert result["origin"] is None
+    else:
+        assert status == 1
+        assert result["origin"]["op"] == "aten::mul.Tensor"
+        assert result["origin"]["module_path"] == "GPT.h.1.mlp"
