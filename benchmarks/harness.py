@@ -257,3 +257,18 @@ def in_fresh_interpreter(code: str) -> dict[str, Any]:
         check=True,
     )
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def interleaved(contenders: dict[str, Callable[[], object]], repeat: int) -> dict[str, Stats]:
+    """Each contender once to warm up, then ``repeat`` rounds in a rotating order."""
+    for run in contenders.values():
+        run()
+    samples: dict[str, list[float]] = {name: [] for name in contenders}
+    names = list(contenders)
+    for round_ in range(repeat):
+        shift = round_ % len(names)
+        for name in names[shift:] + names[:shift]:
+            start = time.perf_counter()
+            contenders[name]()
+            samples[name].append(time.perf_counter() - start)
+    return {name: Stats.of(values, 1) for name, values in samples.items()}

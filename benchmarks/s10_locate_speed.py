@@ -34,7 +34,7 @@ if __package__ in (None, ""):
 import torch
 
 from benchmarks.gpt_step import SIZES, train_step
-from benchmarks.harness import Result, Row, Settings, Stats, Target, format_seconds
+from benchmarks.harness import Result, Row, Settings, Stats, Target, format_seconds, interleaved
 
 SCENARIO = "10 locate speed"
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,21 +58,6 @@ with detctx.deterministic(seed=7):
         writer.close()
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """
-
-
-def interleaved(contenders: dict[str, Callable[[], object]], repeat: int) -> dict[str, Stats]:
-    """Each contender once to warm up, then ``repeat`` rounds in a rotating order."""
-    for run in contenders.values():
-        run()
-    samples: dict[str, list[float]] = {name: [] for name in contenders}
-    names = list(contenders)
-    for round_ in range(repeat):
-        shift = round_ % len(names)
-        for name in names[shift:] + names[:shift]:
-            start = time.perf_counter()
-            contenders[name]()
-            samples[name].append(time.perf_counter() - start)
-    return {name: Stats.of(values, 1) for name, values in samples.items()}
 
 
 def in_process(size_name: str, repeat: int, device: str) -> dict[str, Stats]:

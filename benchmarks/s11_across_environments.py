@@ -18,7 +18,6 @@ import argparse
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -27,24 +26,10 @@ if __package__ in (None, ""):
 import torch
 
 from benchmarks.gpt_step import SIZES, train_step
+from benchmarks.harness import interleaved
 
 RECORD_TARGET = 1.5
 COMPARE_TARGET = 10.0
-
-
-def interleaved(contenders: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
-    """The fastest of ``repeat`` rounds each, rounds in rotating order after a warm-up."""
-    for run in contenders.values():
-        run()
-    best = {name: float("inf") for name in contenders}
-    names = list(contenders)
-    for round_ in range(repeat):
-        shift = round_ % len(names)
-        for name in names[shift:] + names[:shift]:
-            start = time.perf_counter()
-            contenders[name]()
-            best[name] = min(best[name], time.perf_counter() - start)
-    return best
 
 
 def recording_cost(folder: Path, repeat: int) -> tuple[dict[str, float], int, int]:
@@ -62,7 +47,8 @@ def recording_cost(folder: Path, repeat: int) -> tuple[dict[str, float], int, in
         with detctx.recording(trace):
             train_step(size)
 
-    times = interleaved({"plain step": plain, "recorded step": recorded}, repeat)
+    contenders = {"plain step": plain, "recorded step": recorded}
+    times = {name: stats.low for name, stats in interleaved(contenders, repeat).items()}
     from detctx._compare.format import read_trace
 
     return times, len(read_trace(trace)), trace.stat().st_size
