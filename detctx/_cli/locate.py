@@ -37,7 +37,7 @@ from detctx._cli.paths import refuse_link, remove_created
 if TYPE_CHECKING:
     from detctx._locate import Divergence
 
-__all__ = ["TRACE_ENV", "Tracing", "report_located"]
+__all__ = ["TRACE_ENV", "Tracing", "recording_shim", "report_located"]
 
 TRACE_ENV: Final = "DETCTX_LOCATE_TRACE"
 """The variable :mod:`detctx._locate.child` records into (the same name; importing it from
@@ -45,20 +45,23 @@ there would import torch)."""
 KEY_ENV: Final = "DETCTX_LOCATE_KEY"
 """The variable that hands every run the digest key (:mod:`detctx._locate.keys`)."""
 
-_SHIM: Final = '''\
-"""Written by detctx run --locate: record this process's ops, then the hidden sitecustomize."""
+def recording_shim(writer: str, label: str, variable: str, module: str) -> str:
+    """A ``sitecustomize`` that starts ``module``'s recording when ``variable`` is set, then
+    runs the ``sitecustomize`` it hides; ``writer`` and ``label`` name the command in it."""
+    return f'''\
+"""Written by {writer}: record this process's ops, then the hidden sitecustomize."""
 import importlib.machinery
 import importlib.util
 import os
 import sys
 
-if os.environ.get("DETCTX_LOCATE_TRACE"):
+if os.environ.get("{variable}"):
     try:
-        from detctx._locate import start_from_environment
+        from {module} import start_from_environment
 
         start_from_environment()
     except Exception as exc:
-        sys.stderr.write(f"detctx: --locate cannot record this process: {exc!r}\\n")
+        sys.stderr.write(f"detctx: {label} cannot record this process: {{exc!r}}\\n")
 
 _here = os.path.dirname(os.path.abspath(__file__))
 _rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != _here]
@@ -68,6 +71,9 @@ if _spec is not None and _spec.loader is not None:
     sys.modules["sitecustomize"] = _module
     _spec.loader.exec_module(_module)
 '''
+
+
+_SHIM: Final = recording_shim("detctx run --locate", "--locate", TRACE_ENV, "detctx._locate")
 
 
 class Tracing:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from detctx._basics import TraceError
+from detctx._cli.locate import recording_shim
 from detctx._cli.trace_compare import compare_recorded, looks_like_trace
 
 __all__ = ["add_arguments", "dispatch", "record"]
@@ -29,29 +30,7 @@ __all__ = ["add_arguments", "dispatch", "record"]
 RECORD_ENV: Final = "DETCTX_RECORD_DIR"
 """:data:`detctx._compare.RECORD_ENV` (importing it from there would import torch)."""
 
-_SHIM: Final = '''\
-"""Written by detctx record: record this process's ops, then the hidden sitecustomize."""
-import importlib.machinery
-import importlib.util
-import os
-import sys
-
-if os.environ.get("DETCTX_RECORD_DIR"):
-    try:
-        from detctx._compare import start_from_environment
-
-        start_from_environment()
-    except Exception as exc:
-        sys.stderr.write(f"detctx: record cannot record this process: {exc!r}\\n")
-
-_here = os.path.dirname(os.path.abspath(__file__))
-_rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != _here]
-_spec = importlib.machinery.PathFinder.find_spec("sitecustomize", _rest)
-if _spec is not None and _spec.loader is not None:
-    _module = importlib.util.module_from_spec(_spec)
-    sys.modules["sitecustomize"] = _module
-    _spec.loader.exec_module(_module)
-'''
+_SHIM: Final = recording_shim("detctx record", "record", RECORD_ENV, "detctx._compare")
 
 
 def _clear(path: Path) -> None:
