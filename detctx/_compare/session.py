@@ -8,7 +8,6 @@ rank by rank with another's.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import sys
@@ -19,6 +18,7 @@ from typing import Final
 from detctx._compare.environment import environment, rank_and_world
 from detctx._compare.format import TraceWriter
 from detctx._compare.recorder import StatisticsRecorder
+from detctx._locate import record_until_exit
 
 __all__ = ["RECORD_ENV", "recording", "start_from_environment"]
 
@@ -94,14 +94,5 @@ def start_from_environment() -> bool:
     except OSError as exc:
         sys.stderr.write(f"detctx: not recording this process: {exc.strerror or exc}\n")
         return False
-    recorder = StatisticsRecorder(writer)
-    recorder.start()
-    pid = os.getpid()
-
-    def finish() -> None:
-        if os.getpid() == pid:
-            recorder.stop()
-            writer.close()
-
-    atexit.register(finish)
+    record_until_exit(StatisticsRecorder(writer), writer)
     return True

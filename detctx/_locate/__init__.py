@@ -11,7 +11,7 @@ nothing is installed until a recording starts.
 from __future__ import annotations
 
 from detctx._locate.callsite import UNKNOWN, user_line, user_line_in_backward
-from detctx._locate.child import start_from_environment
+from detctx._locate.child import record_until_exit, start_from_environment
 from detctx._locate.digest import digest as tensor_digest
 from detctx._locate.divergence import Divergence, compare_traces
 from detctx._locate.keys import PUBLIC_KEY
@@ -35,6 +35,7 @@ __all__ = [
     "compare_traces",
     "dispatch_mode_class",
     "locate_divergence",
+    "record_until_exit",
     "start_from_environment",
     "tensor_digest",
     "tensors",

@@ -20,14 +20,14 @@ import atexit
 import os
 import sys
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol
 
 from detctx._basics import TraceError
 from detctx._locate.keys import KEY_ENV, use_key
 from detctx._locate.recorder import OpRecorder
 from detctx._locate.trace import TraceWriter
 
-__all__ = ["TRACE_ENV", "start_from_environment"]
+__all__ = ["TRACE_ENV", "record_until_exit", "start_from_environment"]
 
 TRACE_ENV: Final = "DETCTX_LOCATE_TRACE"
 
@@ -68,7 +68,22 @@ def start_from_environment() -> bool:
     except OSError as exc:
         sys.stderr.write(f"detctx: not recording ops into {checked}: {exc.strerror or exc}\n")
         return False
-    recorder = OpRecorder(writer)
+    record_until_exit(OpRecorder(writer), writer)
+    return True
+
+
+class _Recorder(Protocol):
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+
+
+class _Writer(Protocol):
+    def close(self) -> None: ...
+
+
+def record_until_exit(recorder: _Recorder, writer: _Writer) -> None:
+    """Start ``recorder`` and stop it, then close ``writer``, when this process exits: not
+    in a child forked from it, whose exit would close the parent's trace."""
     recorder.start()
     pid = os.getpid()
 
@@ -78,4 +93,3 @@ def start_from_environment() -> bool:
             writer.close()
 
     atexit.register(finish)
-    return True
