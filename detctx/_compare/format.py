@@ -102,6 +102,11 @@ class TraceWriter:
         if len(self._ops) >= _ROWS:
             self.flush()
 
+    def begin(self) -> None:
+        """Write the header now (else the first :meth:`add` does)."""
+        if self._header is not None:
+            self._write_header()
+
     def _write_header(self) -> None:
         header, self._header = self._header, None
         if header is None or self._file is None:
@@ -147,6 +152,13 @@ class TraceWriter:
         """Write nothing more (a forked child's copy of the writer)."""
         self._file = None
         self._ops, self._values, self._inputs, self._new = [], [], [], []
+
+    def cut(self) -> None:
+        """Close the file without its end chunk: it reads as a trace cut short."""
+        file, self._file = self._file, None
+        self._ops, self._values, self._inputs, self._new = [], [], [], []
+        if file is not None:
+            file.close()
 
     def close(self) -> None:
         if self._file is None:

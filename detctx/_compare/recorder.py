@@ -8,8 +8,9 @@ backward. Ops that make no new values (views, copies, constants; locate's
 module path and source line from locate's machinery (a backward op carries
 its forward op's, kept in the autograd node's ``metadata``), the statistics
 row of each output (:mod:`detctx._compare.sketch`), the digest of its
-outputs (locate's, so ``bitwise`` means what locate's "same bits" means)
-and, for each tensor it reads, the op and output that last wrote the
+outputs (locate's, so ``bitwise`` means what locate's "same bits" means;
+both made by :mod:`detctx._compare.summaries`, on a helper thread where a
+core is spare) and, for each tensor it reads, the op and output that last wrote the
 tensor's memory: the data flow. A view reads the memory its base was
 written to; a copy (``clone``) passes its source's producer on; memory
 written by no recorded op (parameters from before the recording, a batch
@@ -25,20 +26,16 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Final
 
-import numpy as np
 import torch
 
 from detctx._compare.format import TraceWriter
-from detctx._compare.sketch import SKETCH, STATISTICS, statistics
+from detctx._compare.summaries import Summaries, spare_core
 from detctx._locate import (
     INFOS,
-    PUBLIC_KEY,
     UNKNOWN,
     ModuleTracker,
     OpInfo,
-    combine_digests,
     dispatch_mode_class,
-    tensor_digest,
     tensors,
     user_line,
     user_line_in_backward,
@@ -51,7 +48,6 @@ _PASSED_ON: Final = frozenset({"aten::clone", "aten::select_backward", "aten::sl
 """Skipped ops whose output holds their first input's bits: its producer is passed on."""
 _VIEWS: set[Any] = set()
 """Skipped ops whose every output aliases an input (views): their memory keeps its producer."""
-_UNREADABLE: Final = np.concatenate([np.zeros(3), np.full(len(STATISTICS) - 3 + SKETCH, np.nan)])
 
 
 @functools.cache
@@ -107,13 +103,14 @@ class StatisticsRecorder:
         self._thread = 0
         self._pending: tuple[list[torch.Tensor], tuple[str, str]] | None = None
         self._producers: dict[int, tuple[int, int]] = {}
-        self._described: dict[tuple[torch.dtype, tuple[int, ...]], tuple[int, int]] = {}
+        self.summaries = Summaries(writer, helper=False)
         self._current_node: Callable[[], Any] | None = getattr(
             torch._C, "_current_autograd_node", None
         )
 
     def start(self) -> None:
         mode_class = _mode_class()
+        self.summaries = Summaries(self.writer, helper=spare_core())
         self.modules.start()
         try:
             self._mode = mode_class(self)
@@ -121,6 +118,7 @@ class StatisticsRecorder:
         except BaseException:
             self.modules.stop()
             self._mode = None
+            self.summaries.close()
             raise
         self._thread = threading.get_ident()
         _recording.add(self)
@@ -136,11 +134,13 @@ class StatisticsRecorder:
             self.modules.stop()
             self._annotate()
             self._producers.clear()
+            self.summaries.close()  # every row written before the writer closes
 
     def abandon(self) -> None:
         """Stop in a forked child: nothing more is written."""
         mode, self._mode = self._mode, None
         _recording.discard(self)
+        self.summaries.abandon()
         self.writer.abandon()
         self.modules.stop()
         if mode is not None and self._thread == threading.get_ident():
@@ -186,25 +186,11 @@ class StatisticsRecorder:
         if not outputs:
             return result
         where = self._where(outputs)
-        writer = self.writer
-        values = []
-        digests = []
+        self.summaries.put((info.name, *where), outputs, inputs)
         for position, tensor in enumerate(outputs):
-            row = statistics(tensor)
-            shape = tuple(tensor.shape)
-            described = self._described.get((tensor.dtype, shape))
-            if described is None:
-                described = self._described[(tensor.dtype, shape)] = (
-                    writer.string(str(tensor.dtype).removeprefix("torch.")),
-                    writer.string(str(list(shape))),
-                )
-            values.append((*described, _UNREADABLE if row is None else row))
-            digests.append(tensor_digest(tensor, key=PUBLIC_KEY) or 0)
             key = _key(tensor)
             if key is not None:
                 self._producers[key] = (self.count, position)
-        strings = (writer.string(info.name), *(writer.string(part) for part in where))
-        writer.add(strings, combine_digests(digests), values, inputs)  # type: ignore[arg-type]
         self.count += 1
         return result
 

@@ -1,0 +1,233 @@
+"""Each recorded op's trace row: its outputs' statistics and digest, written in op order.
+
+An output's statistics and digest read all its bytes four times (the sketch,
+min and max, the norm, the digest): about 0.5 ns a byte of a large float32
+output on one CPU core, in a training step about as long again as the ops
+that made the outputs. Where the process has a CPU core to spare,
+:class:`Summaries` copies each large CPU output (at least
+:data:`SMALLEST_COPY` bytes; a copy reads it once) and a helper thread
+computes its row while the program runs on. The copy is what keeps this
+exact: nothing the program does afterwards (an in-place op, an optimizer
+step, a collective writing into a gradient, a C extension or NumPy writing
+through the tensor's memory, none of which the dispatcher need see) can
+change what the helper reads, so each row holds the output's values at the
+moment its op returned, as when it is computed in line, and the numbers
+are the same (the same calls on the same bits with the same thread count):
+a trace recorded with the helper is byte for byte the one recorded without.
+The helper also writes every row, in op order.
+
+A core is spare when this process's CPU affinity holds more cores than
+torch's intra-op threads take, for every local rank (``LOCAL_WORLD_SIZE``,
+as torchrun sets it): ``ranks * (threads + 1) <= cores``. A program that
+gives torch every core gets no helper: two threads would share each core
+and the step would slow. Smaller outputs (summarised in a few microseconds
+of NumPy), outputs on an accelerator (whose work is queued on the device)
+and outputs larger than :data:`LARGEST_COPY` (no second copy of a huge
+tensor) are summarised in line. Copies waiting for the helper are bounded by
+:data:`PENDING_BYTES`; past that, the program waits. Before a fork (a
+DataLoader starting its workers) the helper finishes its queue, so the
+child inherits no thread in the middle of a torch call.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import weakref
+from typing import Any, Final
+
+import numpy as np
+import torch
+
+from detctx._compare.format import TraceWriter
+from detctx._compare.sketch import SKETCH, STATISTICS, statistics
+from detctx._locate import PUBLIC_KEY, combine_digests, tensor_digest
+
+__all__ = ["LARGEST_COPY", "PENDING_BYTES", "SMALLEST_COPY", "Summaries", "spare_core"]
+
+PENDING_BYTES: Final = 256 << 20
+"""Bytes of copies waiting for the helper before the program waits for it."""
+SMALLEST_COPY: Final = 1 << 16
+"""Smaller CPU outputs are summarised in line (a few microseconds of NumPy): handing them
+over costs the program about what summarising them does."""
+LARGEST_COPY: Final = 64 << 20
+"""Larger CPU outputs are summarised in line, not copied."""
+_UNREADABLE: Final = np.concatenate([np.zeros(3), np.full(len(STATISTICS) - 3 + SKETCH, np.nan)])
+
+
+def spare_core() -> bool:
+    """Whether every local rank can have a helper thread beside torch's intra-op threads."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    text = os.environ.get("LOCAL_WORLD_SIZE", "1")
+    ranks = int(text) if text.isdigit() and 0 < len(text) < 6 else 0
+    return 0 < ranks and ranks * (torch.get_num_threads() + 1) <= cores
+
+
+class _Output:
+    """One output: its description, and its row and digest or the copy to compute them from."""
+
+    __slots__ = ("copy", "digest", "dtype", "row", "shape")
+
+    def __init__(self, tensor: torch.Tensor, copy: bool) -> None:
+        self.dtype = tensor.dtype
+        self.shape = tuple(tensor.shape)
+        self.copy: torch.Tensor | None = None
+        self.row: np.ndarray | None = None
+        self.digest = 0
+        if copy:
+            self.copy = tensor.detach().clone(memory_format=torch.contiguous_format)
+        else:
+            self.compute(tensor)
+
+    def compute(self, tensor: torch.Tensor) -> None:
+        row = statistics(tensor)
+        self.row = _UNREADABLE if row is None else row
+        self.digest = tensor_digest(tensor, key=PUBLIC_KEY) or 0
+
+    def finish(self) -> None:
+        if self.copy is not None:
+            copy, self.copy = self.copy, None
+            self.compute(copy)
+
+
+_Op = tuple[tuple[str, ...], list[_Output], list[tuple[int, int]], int]
+_active: weakref.WeakSet[Summaries] = weakref.WeakSet()
+
+
+def _before_fork() -> None:
+    for summaries in list(_active):
+        summaries.drain()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork)
+
+
+class Summaries:
+    """Turns recorded ops into ``writer``'s rows: in line, or on a helper thread."""
+
+    def __init__(self, writer: TraceWriter, *, helper: bool) -> None:
+        self.writer = writer
+        self._described: dict[tuple[torch.dtype, tuple[int, ...]], tuple[int, int]] = {}
+        self._queue: collections.deque[_Op] = collections.deque()
+        self._changed = threading.Condition()
+        self._pending = 0
+        self._busy = False
+        self._closing = False
+        self._failure: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        if helper:
+            self._thread = threading.Thread(
+                target=self._serve, name="detctx-summaries", daemon=True
+            )
+            self._thread.start()
+            _active.add(self)
+
+    def put(
+        self, strings: tuple[str, ...], outputs: list[torch.Tensor], inputs: list[tuple[int, int]]
+    ) -> None:
+        """One recorded op: its (op, module, source, node) strings, outputs and producers."""
+        if self._thread is None:
+            self._write(strings, [_Output(tensor, copy=False) for tensor in outputs], inputs)
+            return
+        self._raise_failure()
+        self.writer.begin()  # the header describes the program as the first op ran
+        summaries = []
+        size = 0
+        for tensor in outputs:
+            copy = (
+                (type(tensor) is torch.Tensor or type(tensor) is torch.nn.Parameter)
+                and tensor.is_cpu
+                and tensor.layout == torch.strided
+                and not tensor.is_quantized
+                and SMALLEST_COPY <= tensor.nbytes <= LARGEST_COPY
+            )
+            summaries.append(_Output(tensor, copy))
+            size += tensor.nbytes if copy else 0
+        with self._changed:
+            while self._pending and self._pending + size > PENDING_BYTES and not self._failure:
+                self._changed.wait()
+            self._queue.append((strings, summaries, inputs, size))
+            self._pending += size
+            self._changed.notify_all()
+
+    def drain(self) -> None:
+        """Wait until every op put so far is written."""
+        if self._thread is None:
+            return
+        with self._changed:
+            while (self._queue or self._busy) and self._failure is None:
+                self._changed.wait()
+
+    def close(self) -> None:
+        """Write every op put so far and stop the helper; raises what the helper raised."""
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        _active.discard(self)
+        with self._changed:
+            self._closing = True
+            self._changed.notify_all()
+        thread.join()
+        self._raise_failure()
+
+    def abandon(self) -> None:
+        """Forget the queue and the helper (a forked child, where the thread does not exist)."""
+        _active.discard(self)
+        self._thread = None
+        self._queue.clear()
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            raise RuntimeError(
+                "detctx: summarising a recorded op failed; the trace is left cut short"
+            ) from self._failure
+
+    def _serve(self) -> None:
+        with torch.no_grad():
+            while True:
+                with self._changed:
+                    while not self._queue and not self._closing:
+                        self._changed.wait()
+                    if not self._queue:
+                        return
+                    strings, outputs, inputs, size = self._queue.popleft()
+                    self._busy = True
+                try:
+                    for output in outputs:
+                        output.finish()
+                    self._write(strings, outputs, inputs)
+                except BaseException as exc:  # raised in the program's thread, at its next op
+                    self.writer.cut()  # rows from here on are missing: not a complete trace
+                    with self._changed:
+                        self._failure = exc
+                        self._queue.clear()
+                        self._pending = 0
+                        self._busy = False
+                        self._changed.notify_all()
+                    return
+                with self._changed:
+                    self._pending -= size
+                    self._busy = False
+                    self._changed.notify_all()
+
+    def _write(
+        self, strings: tuple[str, ...], outputs: list[_Output], inputs: list[tuple[int, int]]
+    ) -> None:
+        writer = self.writer
+        values: list[tuple[int, int, Any]] = []
+        for output in outputs:
+            key = (output.dtype, output.shape)
+            described = self._described.get(key)
+            if described is None:
+                described = self._described[key] = (
+                    writer.string(str(output.dtype).removeprefix("torch.")),
+                    writer.string(str(list(output.shape))),
+                )
+            values.append((*described, output.row))
+        numbers = tuple(writer.string(text) for text in strings)
+        writer.add(numbers, combine_digests([output.digest for output in outputs]), values, inputs)  # type: ignore[arg-type]

@@ -1,0 +1,141 @@
+"""Where a CPU core is spare, a helper thread summarises large outputs from copies while the
+program runs on: the trace is byte for byte the one recorded in line, whatever the program
+does to an output after its op returned."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import detctx
+import detctx._compare.recorder as recorder_module
+import detctx._compare.summaries as summaries_module
+from detctx._compare.format import read_trace
+from detctx._compare.summaries import SMALLEST_COPY, spare_core
+
+
+def _helper(monkeypatch: pytest.MonkeyPatch, on: bool) -> None:
+    monkeypatch.setattr(recorder_module, "spare_core", lambda: on)
+
+
+def _program() -> None:
+    """Large outputs, then writes into them that the recorded rows must not see."""
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256)
+    )
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(1024, 256)
+    for _ in range(2):
+        hidden = x * 2.0  # 1 MiB, and the model's hidden layer 4 MiB
+        hidden.add_(1.0)  # an in-place op right after
+        big = torch.randn(1024, 256)
+        big.numpy()[:] = 0.0  # a write the dispatcher never sees
+        loss = model(hidden + big).square().mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def _helper_threads() -> list[threading.Thread]:
+    return [thread for thread in threading.enumerate() if thread.name == "detctx-summaries"]
+
+
+@pytest.mark.parametrize("pending", [summaries_module.PENDING_BYTES, 1])
+def test_a_trace_recorded_with_the_helper_is_byte_for_byte_the_one_recorded_in_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pending: int
+) -> None:
+    monkeypatch.setattr(summaries_module, "PENDING_BYTES", pending)
+    _helper(monkeypatch, False)
+    with detctx.recording(tmp_path / "in-line.trace"):
+        _program()
+    _helper(monkeypatch, True)
+    with detctx.recording(tmp_path / "helper.trace"):
+        assert _helper_threads(), "the helper runs while recording"
+        _program()
+    assert not _helper_threads()
+    in_line = (tmp_path / "in-line.trace").read_bytes()
+    assert (tmp_path / "helper.trace").read_bytes() == in_line
+    values = read_trace(tmp_path / "helper.trace").values
+    assert (values["stats"][:, 0] * 4 >= SMALLEST_COPY).sum() > 10  # the helper had work
+
+
+def test_the_helper_summarises_an_output_as_it_was_when_its_op_returned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _helper(monkeypatch, True)
+    x = torch.randn(1024, 1024)
+    with detctx.recording(tmp_path / "a.trace"):
+        y = x * 3.0
+        y.numpy()[:] = float("nan")  # behind torch's back, at once
+        y.mul_(0.0)
+    trace = read_trace(tmp_path / "a.trace")
+    names = [trace.text(number) for number in trace.ops["op"]]
+    row = trace.values["stats"][names.index("aten::mul.Tensor")]
+    assert row[1] == 0  # no NaN: the values the multiply made
+    assert np.isclose(row[6], float((x * 3.0).norm()), rtol=1e-5)
+    assert np.isclose(row[3], float((x * 3.0).min())) and np.isclose(row[4], float((x * 3.0).max()))
+
+
+def test_a_failing_summary_stops_the_program_and_leaves_the_trace_cut_short(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _helper(monkeypatch, True)
+
+    def broken(tensor: torch.Tensor) -> None:
+        raise MemoryError("no room for the sketch")
+
+    monkeypatch.setattr(summaries_module, "statistics", broken)
+    x = torch.randn(512, 512)
+    with pytest.raises(RuntimeError, match="summarising a recorded op failed") as raised:
+        with detctx.recording(tmp_path / "a.trace"):
+            for _ in range(20):
+                x = x * 1.5
+    assert isinstance(raised.value.__cause__, MemoryError)
+    assert not _helper_threads()
+    with pytest.raises(detctx.TraceError, match=r"a\.trace"):
+        read_trace(tmp_path / "a.trace")
+
+
+def test_dataloader_workers_start_while_the_helper_has_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _helper(monkeypatch, True)
+    data = torch.utils.data.TensorDataset(torch.arange(64.0).reshape(16, 4))
+    loader = torch.utils.data.DataLoader(data, batch_size=4, num_workers=2)
+    x = torch.randn(512, 512)
+    with detctx.recording(tmp_path / "a.trace"):
+        for _ in range(3):
+            for (batch,) in loader:  # each epoch forks two workers
+                x = x * 1.0001 + batch.sum()
+    trace = read_trace(tmp_path / "a.trace")
+    assert len(trace) >= 3 * 4 * 2
+
+
+@pytest.mark.parametrize(
+    ("ranks", "threads", "cores", "spare"),
+    [
+        ("1", 1, 2, True),
+        ("1", 2, 2, False),
+        ("2", 3, 8, True),
+        ("3", 3, 8, False),
+        ("0", 1, 8, False),
+        ("-1", 1, 8, False),
+        ("two", 1, 8, False),
+        ("1e3", 1, 8, False),
+        ("", 1, 8, False),
+    ],
+)
+def test_a_helper_runs_only_where_every_local_rank_has_a_core_to_spare(
+    monkeypatch: pytest.MonkeyPatch, ranks: str, threads: int, cores: int, spare: bool
+) -> None:
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", ranks)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    monkeypatch.setattr(
+        summaries_module.os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False
+    )
+    assert spare_core() is spare
