@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -185,3 +186,21 @@ def test_an_unedited_state_resumes_after_torch_save_and_a_weights_only_load(
         detctx.resume(state, again)
         assert torch.equal(torch.rand(3), draws)
         assert all(torch.equal(a, b) for a, b in zip(rest, again, strict=True))
+
+
+def test_a_resume_state_mixed_from_two_ranks_names_dcp_resume_state_where_dcp_is_in_use(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # torch.distributed.checkpoint loads each key every rank saved from one rank's copy: rank 1
+    # gets rank 0's RNG states beside its own loader position and digest.
+    rank_1 = saved(elastic)
+    with detctx.deterministic(seed=2):
+        rank_0 = detctx.resume_state(elastic())
+    mixed = {**rank_1, "rng": rank_0["rng"]}
+    import torch.distributed.checkpoint  # noqa: F401
+
+    refused_unchanged(mixed, elastic(), r"changed after it was saved.*dcp_resume_state\(loaders\)")
+    monkeypatch.delitem(sys.modules, "torch.distributed.checkpoint")  # a program without DCP
+    with pytest.raises(CheckpointError) as plain:
+        detctx.resume(mixed, elastic())
+    assert "dcp_resume_state" not in str(plain.value)

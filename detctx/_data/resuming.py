@@ -32,6 +32,7 @@ digest of all of it, which ``torch.load(..., weights_only=True)`` reads back.
 from __future__ import annotations
 
 import functools
+import sys
 import warnings
 from collections.abc import Mapping
 from typing import Any, Final
@@ -209,7 +210,7 @@ def resume(state: Mapping[str, Any], *loaders: Any, strict: bool = True) -> None
         raise CheckpointError(
             "the resume state was changed after it was saved (its digest does not match what "
             "it holds, RNG states and loaders): a corrupted or edited checkpoint; resume from "
-            "another one"
+            f"another one{_through_dcp()}"
         )
     pending = [loader.pending() for loader in loaders]
     try:
@@ -220,6 +221,18 @@ def resume(state: Mapping[str, Any], *loaders: Any, strict: bool = True) -> None
         for loader, before in zip(loaders, pending):
             loader.put_back(before)
         raise
+
+
+def _through_dcp() -> str:
+    # torch.distributed.checkpoint saves a key every rank holds once and loads that one copy
+    # into every rank, each key from whichever rank it chose: the ranks' resume states come
+    # back mixed, which is what this digest refuses.
+    if "torch.distributed.checkpoint" not in sys.modules:
+        return ""
+    return (
+        ". If it went through torch.distributed.checkpoint, its keys came back from other "
+        "ranks: save and load detctx.dcp_resume_state(loaders) there instead"
+    )
 
 
 def _check_keys(state: Mapping[str, Any]) -> None:
