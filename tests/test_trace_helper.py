@@ -97,7 +97,7 @@ def test_a_failing_summary_stops_the_program_and_leaves_the_trace_cut_short(
                 x = x * 1.5
     assert isinstance(raised.value.__cause__, MemoryError)
     assert not _helper_threads()
-    with pytest.raises(detctx.TraceError, match=r"a\.trace"):
+    with pytest.raises(detctx.TraceError, match=r"a\.trace: cut short"):
         read_trace(tmp_path / "a.trace")
 
 
@@ -139,3 +139,29 @@ def test_a_helper_runs_only_where_every_local_rank_has_a_core_to_spare(
         summaries_module.os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False
     )
     assert spare_core() is spare
+
+
+def test_an_interrupt_while_the_helper_finishes_leaves_the_trace_cut_short_not_short(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _helper(monkeypatch, True)
+    interrupted = False
+
+    def join_once(thread: threading.Thread, timeout: float | None = None) -> None:
+        nonlocal interrupted
+        if not interrupted:
+            interrupted = True
+            raise KeyboardInterrupt  # as a Ctrl-C arriving during the join
+        original_join(thread, timeout)
+
+    original_join = threading.Thread.join
+    x = torch.randn(512, 512)
+    with pytest.raises(KeyboardInterrupt):
+        with detctx.recording(tmp_path / "a.trace"):
+            monkeypatch.setattr(threading.Thread, "join", join_once)
+            for _ in range(50):
+                x = x * 1.0001
+    monkeypatch.undo()
+    assert not _helper_threads()
+    with pytest.raises(detctx.TraceError, match="cut short"):
+        read_trace(tmp_path / "a.trace")

@@ -172,7 +172,17 @@ class Summaries:
         with self._changed:
             self._closing = True
             self._changed.notify_all()
-        thread.join()
+        try:
+            thread.join()
+        except BaseException:
+            # Interrupted while the helper writes the queue's rows (a second Ctrl-C): drop
+            # the rest, wait for the op in hand, and leave the trace cut short, not short.
+            with self._changed:
+                self._queue.clear()
+                self._pending = 0
+            thread.join()
+            self.writer.cut()
+            raise
         self._raise_failure()
 
     def abandon(self) -> None:
