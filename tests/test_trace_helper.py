@@ -55,13 +55,26 @@ def test_a_trace_recorded_with_the_helper_is_byte_for_byte_the_one_recorded_in_l
         _program()
     _helper(monkeypatch, True)
     with detctx.recording(tmp_path / "helper.trace"):
-        assert _helper_threads(), "the helper runs while recording"
         _program()
+        assert _helper_threads(), "the helper runs while recording"
     assert not _helper_threads()
     in_line = (tmp_path / "in-line.trace").read_bytes()
     assert (tmp_path / "helper.trace").read_bytes() == in_line
     values = read_trace(tmp_path / "helper.trace").values
     assert (values["stats"][:, 0] * 4 >= SMALLEST_COPY).sum() > 10  # the helper had work
+
+
+def test_whether_to_run_a_helper_is_decided_at_the_first_op_not_when_recording_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `detctx record` starts recording before the program sets torch's thread count.
+    threads = {"torch": 2}
+    monkeypatch.setattr(recorder_module, "spare_core", lambda: threads["torch"] < 2)
+    with detctx.recording(tmp_path / "a.trace"):
+        threads["torch"] = 1  # torch.set_num_threads(1), as the program's first line
+        torch.randn(512, 512) * 2.0
+        assert _helper_threads()
+    assert not _helper_threads()
 
 
 def test_the_helper_summarises_an_output_as_it_was_when_its_op_returned(

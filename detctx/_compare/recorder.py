@@ -103,14 +103,14 @@ class StatisticsRecorder:
         self._thread = 0
         self._pending: tuple[list[torch.Tensor], tuple[str, str]] | None = None
         self._producers: dict[int, tuple[int, int]] = {}
-        self.summaries = Summaries(writer, helper=False)
+        self.summaries = Summaries(writer, helper=lambda: False)
         self._current_node: Callable[[], Any] | None = getattr(
             torch._C, "_current_autograd_node", None
         )
 
     def start(self) -> None:
         mode_class = _mode_class()
-        self.summaries = Summaries(self.writer, helper=spare_core())
+        self.summaries = Summaries(self.writer, helper=spare_core)
         self.modules.start()
         try:
             self._mode = mode_class(self)

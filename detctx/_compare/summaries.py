@@ -35,6 +35,7 @@ import collections
 import os
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any, Final
 
 import numpy as np
@@ -110,8 +111,11 @@ if hasattr(os, "register_at_fork"):
 class Summaries:
     """Turns recorded ops into ``writer``'s rows: in line, or on a helper thread."""
 
-    def __init__(self, writer: TraceWriter, *, helper: bool) -> None:
+    def __init__(self, writer: TraceWriter, *, helper: Callable[[], bool]) -> None:
         self.writer = writer
+        # Asked at the first op, not here: `detctx record` starts recording before the
+        # program has set torch's thread count.
+        self._decide: Callable[[], bool] | None = helper
         self._described: dict[tuple[torch.dtype, tuple[int, ...]], tuple[int, int]] = {}
         self._queue: collections.deque[_Op] = collections.deque()
         self._changed = threading.Condition()
@@ -120,17 +124,19 @@ class Summaries:
         self._closing = False
         self._failure: BaseException | None = None
         self._thread: threading.Thread | None = None
-        if helper:
-            self._thread = threading.Thread(
-                target=self._serve, name="detctx-summaries", daemon=True
-            )
-            self._thread.start()
-            _active.add(self)
 
     def put(
         self, strings: tuple[str, ...], outputs: list[torch.Tensor], inputs: list[tuple[int, int]]
     ) -> None:
         """One recorded op: its (op, module, source, node) strings, outputs and producers."""
+        if self._decide is not None:
+            decide, self._decide = self._decide, None
+            if decide():
+                self._thread = threading.Thread(
+                    target=self._serve, name="detctx-summaries", daemon=True
+                )
+                self._thread.start()
+                _active.add(self)
         if self._thread is None:
             self._write(strings, [_Output(tensor, copy=False) for tensor in outputs], inputs)
             return
