@@ -83,12 +83,19 @@ def recording_cost(
 
 def _ratios(
     times: dict[str, list[tuple[float, float]]], name: str, column: int
-) -> tuple[float, float, float]:
-    """Median of the rounds' ratios to the plain step, and the two medians' seconds."""
+) -> tuple[float, float, float, float, float]:
+    """Median of the rounds' ratios to the plain step, the two medians' seconds, and the
+    lowest and highest round's ratio."""
     plain = [sample[column] for sample in times["plain step"]]
     other = [sample[column] for sample in times[name]]
-    ratio = statistics.median(o / p for o, p in zip(other, plain))
-    return ratio, statistics.median(plain), statistics.median(other)
+    ratios = [o / p for o, p in zip(other, plain)]
+    return (
+        statistics.median(ratios),
+        statistics.median(plain),
+        statistics.median(other),
+        min(ratios),
+        max(ratios),
+    )
 
 
 def compare_cost(folder: Path, steps: int) -> tuple[float, int, int, str]:
@@ -120,17 +127,20 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="detctx-s11-") as name:
         folder = Path(name)
         times, ops, size = recording_cost(folder, args.repeat)
-        ratio, plain, recorded = _ratios(times, "recorded step", 0)
+        ratio, plain, recorded, low, high = _ratios(times, "recorded step", 0)
         print(f"small step, 2 AdamW steps, 1 torch thread, {args.repeat} rounds (medians):")
         met = "MET" if ratio <= RECORD_TARGET else "MISSED"
         print(
             f"  plain {plain:.3f} s, recorded {recorded:.3f} s: {ratio:.2f}x "
-            f"(target <= {RECORD_TARGET}x) {met}"
+            f"(target <= {RECORD_TARGET}x) {met}; rounds {low:.2f}x to {high:.2f}x"
         )
-        cpu, plain_cpu, recorded_cpu = _ratios(times, "recorded step", 1)
+        cpu, plain_cpu, recorded_cpu, _, _ = _ratios(times, "recorded step", 1)
         print(f"  CPU time: plain {plain_cpu:.3f} s, recorded {recorded_cpu:.3f} s: {cpu:.2f}x")
-        alone, _, in_line = _ratios(times, "helper off", 0)
-        print(f"  helper off (every row in line): {in_line:.3f} s: {alone:.2f}x")
+        alone, _, in_line, low, high = _ratios(times, "helper off", 0)
+        print(
+            f"  helper off (every row in line): {in_line:.3f} s: {alone:.2f}x; "
+            f"rounds {low:.2f}x to {high:.2f}x"
+        )
         print(f"  trace: {ops} ops, {size} bytes, {size / ops:.0f} bytes per op")
         seconds, ops_a, ops_b, verdict = compare_cost(folder, args.steps)
         print(f"compare of two {args.steps}-step traces (tiny size, seeds 7 and 8):")
