@@ -74,6 +74,12 @@ def _mode_class() -> type[Any]:
 _recording: weakref.WeakSet[StatisticsRecorder] = weakref.WeakSet()
 
 
+def _before_fork() -> None:
+    # The helper finishes its queue, so the child inherits no thread mid torch call.
+    for recorder in list(_recording):
+        recorder.summaries.drain()
+
+
 def _after_fork_in_child() -> None:
     # A forked child (a DataLoader worker) must not write into its parent's trace.
     for recorder in list(_recording):
@@ -81,7 +87,7 @@ def _after_fork_in_child() -> None:
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 
 
 def _key(tensor: torch.Tensor) -> int | None:

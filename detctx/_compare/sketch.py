@@ -56,6 +56,8 @@ from typing import Final
 import numpy as np
 import torch
 
+from detctx._locate import NUMPY_DTYPES
+
 __all__ = [
     "COLUMNS",
     "SIGNS",
@@ -74,19 +76,6 @@ STATISTICS: Final = ("count", "nan", "inf", "min", "max", "mean", "norm")
 _FLOATS: Final = (torch.float32, torch.float64)
 IN_NUMPY: Final = 1 << 13
 """Outputs of at most this many numbers are summarised in NumPy."""
-_NUMPY_READS: Final = frozenset(
-    {
-        torch.float64,
-        torch.float32,
-        torch.float16,
-        torch.int64,
-        torch.int32,
-        torch.int16,
-        torch.int8,
-        torch.uint8,
-        torch.bool,
-    }
-)
 
 
 def _splitmix(positions: np.ndarray) -> np.ndarray:
@@ -127,7 +116,7 @@ def statistics(tensor: torch.Tensor) -> np.ndarray | None:
     row[0] = count
     if count == 0:
         return row
-    if count <= IN_NUMPY and values.is_cpu and values.dtype in _NUMPY_READS:
+    if count <= IN_NUMPY and values.is_cpu and values.dtype in NUMPY_DTYPES:
         _small_statistics(values.numpy(force=True), row)
         return row
     if values.dtype not in _FLOATS:

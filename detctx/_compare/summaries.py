@@ -25,8 +25,8 @@ of NumPy), outputs on an accelerator (whose work is queued on the device)
 and outputs larger than :data:`LARGEST_COPY` (no second copy of a huge
 tensor) are summarised in line. Copies waiting for the helper are bounded by
 :data:`PENDING_BYTES`; past that, the program waits. Before a fork (a
-DataLoader starting its workers) the helper finishes its queue, so the
-child inherits no thread in the middle of a torch call.
+DataLoader starting its workers) the recorder has the helper finish its
+queue, so the child inherits no thread in the middle of a torch call.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from __future__ import annotations
 import collections
 import os
 import threading
-import weakref
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -96,16 +95,6 @@ class _Output:
 
 
 _Op = tuple[tuple[str, ...], list[_Output], list[tuple[int, int]], int]
-_active: weakref.WeakSet[Summaries] = weakref.WeakSet()
-
-
-def _before_fork() -> None:
-    for summaries in list(_active):
-        summaries.drain()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_before_fork)
 
 
 class Summaries:
@@ -136,7 +125,6 @@ class Summaries:
                     target=self._serve, name="detctx-summaries", daemon=True
                 )
                 self._thread.start()
-                _active.add(self)
         if self._thread is None:
             self._write(strings, [_Output(tensor, copy=False) for tensor in outputs], inputs)
             return
@@ -162,7 +150,7 @@ class Summaries:
             self._changed.notify_all()
 
     def drain(self) -> None:
-        """Wait until every op put so far is written."""
+        """Wait until every op put so far is written (the recorder does, before a fork)."""
         if self._thread is None:
             return
         with self._changed:
@@ -174,7 +162,6 @@ class Summaries:
         thread, self._thread = self._thread, None
         if thread is None:
             return
-        _active.discard(self)
         with self._changed:
             self._closing = True
             self._changed.notify_all()
@@ -193,7 +180,6 @@ class Summaries:
 
     def abandon(self) -> None:
         """Forget the queue and the helper (a forked child, where the thread does not exist)."""
-        _active.discard(self)
         self._thread = None
         self._queue.clear()
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from detctx._locate.callsite import UNKNOWN, user_line, user_line_in_backward
 from detctx._locate.child import record_until_exit, start_from_environment
+from detctx._locate.digest import NUMPY_DTYPES
 from detctx._locate.digest import digest as tensor_digest
 from detctx._locate.divergence import Divergence, compare_traces
 from detctx._locate.keys import PUBLIC_KEY
@@ -26,6 +27,7 @@ from detctx._locate.search import locate_divergence
 # public key: its recordings are compared across processes that share no key).
 __all__ = [
     "INFOS",
+    "NUMPY_DTYPES",
     "PUBLIC_KEY",
     "UNKNOWN",
     "Divergence",
