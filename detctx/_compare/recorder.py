@@ -1,25 +1,24 @@
 """Record, per ATen op, what a tolerance compare needs: where it ran, its outputs'
 statistics and sketches, their digest, and which earlier op made each input.
 
-A ``TorchDispatchMode`` (torch's private ``torch.utils._python_dispatch``, looked
-up through :mod:`detctx._locate`) sees every op below autograd, forward and
-backward. Ops that make no new values (views, copies, constants; locate's
-``OpInfo.skip``) are not recorded, as in locate. Each recorded op gets its
-module path and source line from locate's machinery (a backward op carries
-its forward op's, kept in the autograd node's ``metadata``), the statistics
-row of each output (:mod:`detctx._compare.sketch`), the digest of its
-outputs (locate's, so ``bitwise`` means what locate's "same bits" means;
-both made by :mod:`detctx._compare.summaries`, on a helper thread where a
-core is spare) and, for each tensor it reads, the op and output that last wrote the
-tensor's memory: the data flow. A view reads the memory its base was
-written to; a copy (``clone``) passes its source's producer on; memory
-written by no recorded op (parameters from before the recording, a batch
-from NumPy) has no producer.
+A ``TorchDispatchMode`` (torch's private ``torch.utils._python_dispatch``,
+looked up through :mod:`detctx._locate`) sees every op below autograd, forward
+and backward. Ops that make no new values (views, copies, constants; the
+``skip`` of locate's ``op_info``) are not recorded, as in locate. Each
+recorded op gets its module path and source line from locate's machinery (a
+backward op carries its forward op's, kept in the autograd node's
+``metadata``), the statistics row of each output
+(:mod:`detctx._compare.sketch`), the digest of its outputs (locate's, so
+``bitwise`` means what locate's "same bits" means; both made by
+:mod:`detctx._compare.summaries`, on a helper thread where a core is spare)
+and, for each tensor it reads, the op and output that last wrote the tensor's
+memory: the data flow. A view reads the memory its base was written to; a copy
+(``clone``) passes its source's producer on; memory written by no recorded op
+(parameters from before the recording, a batch from NumPy) has no producer.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import threading
 import weakref
@@ -31,11 +30,12 @@ import torch
 from detctx._compare.format import TraceWriter
 from detctx._compare.summaries import Summaries, spare_core
 from detctx._locate import (
-    INFOS,
     UNKNOWN,
     ModuleTracker,
-    OpInfo,
-    dispatch_mode_class,
+    dispatch_mode,
+    keep_for_backward,
+    new_values,
+    op_info,
     tensors,
     user_line,
     user_line_in_backward,
@@ -48,27 +48,6 @@ _PASSED_ON: Final = frozenset({"aten::clone", "aten::select_backward", "aten::sl
 """Skipped ops whose output holds their first input's bits: its producer is passed on."""
 _VIEWS: set[Any] = set()
 """Skipped ops whose every output aliases an input (views): their memory keeps its producer."""
-
-
-@functools.cache
-def _mode_class() -> type[Any]:
-    base = dispatch_mode_class()
-
-    class StatisticsMode(base):  # type: ignore[misc, valid-type]
-        def __init__(self, recorder: StatisticsRecorder) -> None:
-            super().__init__()
-            self.recorder = recorder
-
-        @classmethod
-        def _should_skip_dynamo(cls) -> bool:
-            return False  # as locate's mode: nothing here is compiled
-
-        def __torch_dispatch__(
-            self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
-        ) -> Any:
-            return self.recorder.dispatch(func, args, kwargs or {})
-
-    return StatisticsMode
 
 
 _recording: weakref.WeakSet[StatisticsRecorder] = weakref.WeakSet()
@@ -115,11 +94,10 @@ class StatisticsRecorder:
         )
 
     def start(self) -> None:
-        mode_class = _mode_class()
         self.summaries = Summaries(self.writer, helper=spare_core)
         self.modules.start()
         try:
-            self._mode = mode_class(self)
+            self._mode = dispatch_mode(self)
             self._mode.__enter__()
         except BaseException:
             self.modules.stop()
@@ -157,11 +135,7 @@ class StatisticsRecorder:
         if pending is None:
             return
         outputs, where = pending
-        for tensor in outputs:
-            node = tensor.grad_fn
-            metadata = getattr(node, "metadata", None) if node is not None else None
-            if isinstance(metadata, dict):
-                metadata.setdefault(_KEY, where)
+        keep_for_backward(outputs, _KEY, where)
 
     def _producer(self, tensor: torch.Tensor) -> tuple[int, int]:
         key = _key(tensor)
@@ -169,9 +143,7 @@ class StatisticsRecorder:
         return found if found is not None else (-1, 0)
 
     def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        info = INFOS.get(func)
-        if info is None:
-            info = INFOS[func] = OpInfo(func)
+        info = op_info(func)
         if self._pending is not None:
             self._annotate()
         if info.skip:
@@ -183,12 +155,7 @@ class StatisticsRecorder:
         read = [t for value in (*args, *kwargs.values()) for t in tensors(value)]
         inputs = [self._producer(tensor) for tensor in read]
         result = info.call(*args, **kwargs)
-        outputs = [result] if type(result) is torch.Tensor else tensors(result)
-        if info.kept is not None:
-            outputs = outputs[: info.kept]
-        for index, name in info.written:
-            argument = args[index] if index < len(args) else kwargs.get(name)
-            outputs.extend(t for t in tensors(argument) if not any(t is o for o in outputs))
+        outputs = new_values(info, args, kwargs, result)
         if not outputs:
             return result
         where = self._where(outputs)

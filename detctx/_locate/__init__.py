@@ -10,33 +10,34 @@ nothing is installed until a recording starts.
 
 from __future__ import annotations
 
-from detctx._locate.callsite import UNKNOWN, user_line, user_line_in_backward
+from detctx._locate.callsite import UNKNOWN, keep_for_backward, user_line, user_line_in_backward
 from detctx._locate.child import record_until_exit, start_from_environment
 from detctx._locate.digest import NUMPY_DTYPES
 from detctx._locate.digest import digest as tensor_digest
 from detctx._locate.divergence import Divergence, compare_traces
 from detctx._locate.keys import PUBLIC_KEY
 from detctx._locate.modules import ModuleTracker
-from detctx._locate.ops import INFOS, OpInfo
-from detctx._locate.outputs import combine_digests, tensors
-from detctx._locate.recorder import dispatch_mode_class
+from detctx._locate.ops import op_info
+from detctx._locate.outputs import combine_digests, new_values, tensors
+from detctx._locate.recorder import dispatch_mode
 from detctx._locate.search import locate_divergence
 
 # Besides locate's own API, the machinery detctx._compare records with: the running
 # module's path, the user's source line, what each op is, and the digest (under the
 # public key: its recordings are compared across processes that share no key).
 __all__ = [
-    "INFOS",
     "NUMPY_DTYPES",
     "PUBLIC_KEY",
     "UNKNOWN",
     "Divergence",
     "ModuleTracker",
-    "OpInfo",
     "combine_digests",
     "compare_traces",
-    "dispatch_mode_class",
+    "dispatch_mode",
+    "keep_for_backward",
     "locate_divergence",
+    "new_values",
+    "op_info",
     "record_until_exit",
     "start_from_environment",
     "tensor_digest",

@@ -15,7 +15,7 @@ from types import CodeType, FrameType
 
 import torch
 
-__all__ = ["UNKNOWN", "defined_at", "user_line", "user_line_in_backward"]
+__all__ = ["UNKNOWN", "defined_at", "keep_for_backward", "user_line", "user_line_in_backward"]
 
 UNKNOWN = "<unknown>"
 _INTERNAL = (
@@ -107,3 +107,13 @@ def defined_at(fn: object) -> str:
     if not isinstance(code, CodeType):
         return UNKNOWN
     return f"{_show(code.co_filename)}:{code.co_firstlineno}"
+
+
+def keep_for_backward(outputs: list[torch.Tensor], key: str, where: object) -> None:
+    """Keep a forward op's ``where`` in the autograd node that made each output, under
+    ``key`` in the node's ``metadata``: the backward ops that node runs read it there."""
+    for tensor in outputs:
+        node = tensor.grad_fn
+        metadata = getattr(node, "metadata", None) if node is not None else None
+        if isinstance(metadata, dict):
+            metadata.setdefault(key, where)

@@ -16,7 +16,7 @@ import torch
 
 from detctx._locate.batch import op_number
 
-__all__ = ["INFOS", "OpInfo", "generator_state"]
+__all__ = ["INFOS", "OpInfo", "generator_state", "op_info"]
 
 
 class OpInfo:
@@ -74,6 +74,14 @@ are recorded; a difference in a dropout seed shows in the output it drew.
 
 INFOS: dict[Any, OpInfo] = {}
 """What the recorder knows of each op it has seen, shared by every recorder."""
+
+
+def op_info(func: Any) -> OpInfo:
+    """What the recorders know of ``func``, read from its schema the first time."""
+    info = INFOS.get(func)
+    if info is None:
+        info = INFOS[func] = OpInfo(func)
+    return info
 
 
 def generator_state(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:

@@ -25,6 +25,7 @@ import torch
 
 from detctx._basics import nested
 from detctx._locate.digest import digest, layout_code, memory_order_digest, whole_rows_digest
+from detctx._locate.ops import OpInfo
 from detctx._state import canonical_bytes
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "combine_digests",
     "describe",
     "first_result_difference",
+    "new_values",
     "outputs_digest",
     "result_leaves",
     "tensors",
@@ -50,6 +52,20 @@ def tensors(value: Any) -> list[torch.Tensor]:
     if isinstance(value, (list, tuple)):
         return [item for item in value if isinstance(item, torch.Tensor)]
     return []
+
+
+def new_values(
+    info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any
+) -> list[torch.Tensor]:
+    """The tensors that hold an op's new values: what it returned (its first ``info.kept``
+    results) and the arguments it wrote in place."""
+    outputs = [result] if type(result) is torch.Tensor else tensors(result)
+    if info.kept is not None:
+        outputs = outputs[: info.kept]
+    for index, name in info.written:
+        argument = args[index] if index < len(args) else kwargs.get(name)
+        outputs.extend(t for t in tensors(argument) if not any(t is o for o in outputs))
+    return outputs
 
 
 def unnested(outputs: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -47,14 +47,20 @@ import torch
 
 from detctx._basics import MissingDependencyError
 from detctx._locate.batch import ROW, Batch, meta_number, site, site_number
-from detctx._locate.callsite import UNKNOWN, user_line, user_line_in_backward
+from detctx._locate.callsite import UNKNOWN, keep_for_backward, user_line, user_line_in_backward
 from detctx._locate.digest import STAGED
 from detctx._locate.modules import ModuleTracker
-from detctx._locate.ops import INFOS, OpInfo, generator_state
-from detctx._locate.outputs import combine_digests, describe, outputs_digest, tensors, unnested
+from detctx._locate.ops import generator_state, op_info
+from detctx._locate.outputs import (
+    combine_digests,
+    describe,
+    new_values,
+    outputs_digest,
+    unnested,
+)
 from detctx._locate.staging import Staging, borrow, give_back
 
-__all__ = ["OpRecorder", "Sink", "dispatch_mode_class"]
+__all__ = ["OpRecorder", "Sink", "dispatch_mode", "dispatch_mode_class"]
 
 _KEY: Final = "detctx._locate"
 _WORD: Final = (1 << 64) - 1
@@ -86,11 +92,11 @@ def dispatch_mode_class() -> type[Any]:
 
 
 @functools.cache
-def _recording_mode() -> type[Any]:
+def _forwarding_mode() -> type[Any]:
     base = dispatch_mode_class()
 
-    class RecordingMode(base):  # type: ignore[misc, valid-type]
-        def __init__(self, recorder: OpRecorder) -> None:
+    class ForwardingMode(base):  # type: ignore[misc, valid-type]
+        def __init__(self, recorder: Any) -> None:
             super().__init__()
             self.recorder = recorder
 
@@ -107,7 +113,13 @@ def _recording_mode() -> type[Any]:
         ) -> Any:
             return self.recorder.dispatch(func, args, kwargs or {})
 
-    return RecordingMode
+    return ForwardingMode
+
+
+def dispatch_mode(recorder: Any) -> Any:
+    """A ``TorchDispatchMode`` (not entered) that hands every op it sees, below autograd,
+    to ``recorder.dispatch(func, args, kwargs)`` and returns what that returns."""
+    return _forwarding_mode()(recorder)
 
 
 class _Discard:
@@ -163,12 +175,11 @@ class OpRecorder:
         self._kept: dict[int, list[torch.Tensor]] = {}  # position -> copies of outputs
 
     def start(self) -> None:
-        mode_class = _recording_mode()
         if self._staging is None:
             self._staging = borrow()
         self.modules.start()
         try:
-            self._mode = mode_class(self)
+            self._mode = dispatch_mode(self)
             self._mode.__enter__()
         except BaseException:
             self.modules.stop()
@@ -214,29 +225,17 @@ class OpRecorder:
         if pending is None:
             return
         outputs, where = pending
-        for tensor in outputs:
-            node = tensor.grad_fn
-            if node is not None:
-                metadata = getattr(node, "metadata", None)
-                if isinstance(metadata, dict):
-                    metadata.setdefault(_KEY, where)
+        keep_for_backward(outputs, _KEY, where)
 
     def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        info = INFOS.get(func)
-        if info is None:
-            info = INFOS[func] = OpInfo(func)
+        info = op_info(func)
         if self._pending is not None:
             self._annotate()
         if info.skip:
             return info.call(*args, **kwargs)
         rng = generator_state(func, args, kwargs) if info.random else None
         result = info.call(*args, **kwargs)
-        outputs = [result] if type(result) is torch.Tensor else tensors(result)
-        if info.kept is not None:
-            outputs = outputs[: info.kept]
-        for index, name in info.written:
-            argument = args[index] if index < len(args) else kwargs.get(name)
-            outputs.extend(t for t in tensors(argument) if not any(t is o for o in outputs))
+        outputs = new_values(info, args, kwargs, result)
         if not outputs:
             return result
         node = self._current_node() if self._current_node is not None else None
