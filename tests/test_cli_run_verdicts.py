@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import detctx
 from detctx import _cli as cli
 from detctx._basics import NOTES_ENV, SEED_ENV, EntryNote, note_entry, read_entry_note, run_notes
 from detctx._cli.curves import Curve, Point, compare
@@ -21,6 +22,12 @@ ROOT = Path(__file__).resolve().parents[1]
 SEEDED_BY_DETCTX_RUN_ONLY = """\
 import torch, detctx
 with detctx.deterministic(seed=None):
+    print(f"loss: {torch.randn(()).item():.9g}")
+"""
+
+DISTRIBUTED_BLOCK_SEEDED_BY_DETCTX_RUN_ONLY = """\
+import torch, detctx
+with detctx.distributed_deterministic(seed=None, per_rank=True):
     print(f"loss: {torch.randn(()).item():.9g}")
 """
 
@@ -89,12 +96,17 @@ def test_a_verdict_told_to_add_nothing_at_the_start_adds_no_causes():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "source",
+    [SEEDED_BY_DETCTX_RUN_ONLY, DISTRIBUTED_BLOCK_SEEDED_BY_DETCTX_RUN_ONLY],
+    ids=["deterministic", "distributed_deterministic"],
+)
 def test_runs_seeded_only_by_the_exported_seed_agree_and_are_told_plain_runs_will_not(
-    tmp_path, capsys, monkeypatch
+    tmp_path, capsys, monkeypatch, source
 ):
     monkeypatch.delenv(SEED_ENV, raising=False)
 
-    run_script(tmp_path, SEEDED_BY_DETCTX_RUN_ONLY)
+    run_script(tmp_path, source)
 
     out = capsys.readouterr().out
     assert "2 curves agree bit for bit" in out
@@ -168,6 +180,25 @@ def test_a_run_notes_its_first_block_once_into_the_file_the_parent_made(tmp_path
     assert len(path.read_text().splitlines()) == 1
     read = read_entry_note(path)
     assert read is not None and (read.seed, read.seed_from) == (5, "environment")
+
+
+@pytest.mark.parametrize("seed", [None, 9])
+def test_a_distributed_block_notes_the_seed_the_ranks_agreed_on_before_seeding(
+    tmp_path, monkeypatch, seed
+):
+    path = tmp_path / "run1.notes"
+    path.touch()
+    monkeypatch.setenv(NOTES_ENV, str(path))
+    monkeypatch.setenv(SEED_ENV, "5")
+    monkeypatch.setattr(run_notes, "_noted_in", None)
+
+    with detctx.distributed_deterministic(seed=seed, per_rank=True) as seeding:
+        shared = seeding.shared_seed
+
+    read = read_entry_note(path)
+    assert read is not None
+    assert (read.seed, read.seed_from) == (shared, "environment" if seed is None else "argument")
+    assert shared == (5 if seed is None else 9)
 
 
 def test_a_run_never_creates_a_notes_file_nor_writes_through_a_link(tmp_path, monkeypatch):

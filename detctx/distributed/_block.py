@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from typing_extensions import Unpack
 
+from detctx._basics import note_entry
 from detctx._blocks import Seeding, Settings, deterministic
 from detctx._blocks import stack as blocks
 from detctx._switches import SwitchOptions
@@ -118,6 +119,8 @@ class RankCoordinator:
             self.timeout,
             self.mesh_seeds if self.megatron_seeds is None else self.megatron_seeds,
         )
+        # For detctx run, before seeding, as a one-process block notes its seed.
+        note_entry(agreement.shared_seed, given=settings.seed is not None)
         return _Agreed(agreement, self)
 
     def after_entry(self) -> None:
