@@ -147,6 +147,15 @@ def test_doctor_device_without_probe_or_an_absent_device_is_bad_usage(
     assert detctx.run_probe is run_probe
 
 
+# torch 2.1's gloo can deadlock in destroy_process_group right after an all_reduce: its
+# worker thread frees the last reference to the reduced tensor, which needs the GIL, while
+# ProcessGroupGloo's destructor holds the GIL and waits for that thread (seen in CI: both
+# stacks, ~ProcessGroupGloo in pthread_mutex_lock, AsyncWork's destructor in
+# gil_scoped_acquire); not seen with the newer releases CI runs.
+@pytest.mark.skipif(
+    tuple(int(part) for part in torch.__version__.split(".")[:2]) < (2, 2),
+    reason="torch 2.1's gloo can deadlock destroying a process group after an all_reduce",
+)
 def test_in_a_process_group_the_probe_adds_an_all_reduce(tmp_path: Path) -> None:
     dist = torch.distributed
     if not dist.is_available() or dist.is_initialized():
