@@ -2,8 +2,8 @@
 
 An output's statistics and digest read all its bytes four times (the sketch,
 min and max, the norm, the digest): about 0.5 ns a byte of a large float32
-output on one CPU core, in a training step about as long again as the ops
-that made the outputs. Where the process has a CPU core to spare,
+output on one CPU core, some two thirds of a small training step's own time
+(docs/proving.md has the figures). Where the process has a CPU core to spare,
 :class:`Summaries` copies each large CPU output (at least
 :data:`SMALLEST_COPY` bytes; a copy reads it once) and a helper thread
 computes its row while the program runs on. The copy is what keeps this
