@@ -155,8 +155,8 @@ class TraceWriter:
 
     def cut(self) -> None:
         """Close the file without its end chunk: it reads as a trace cut short."""
-        file, self._file = self._file, None
-        self._ops, self._values, self._inputs, self._new = [], [], [], []
+        file = self._file
+        self.abandon()
         if file is not None:
             file.close()
 

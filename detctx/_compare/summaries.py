@@ -35,7 +35,7 @@ import collections
 import os
 import threading
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Final
 
 import numpy as np
 import torch
@@ -76,7 +76,7 @@ class _Output:
         self.dtype = tensor.dtype
         self.shape = tuple(tensor.shape)
         self.copy: torch.Tensor | None = None
-        self.row: np.ndarray | None = None
+        self.row = _UNREADABLE
         self.digest = 0
         if copy:
             self.copy = tensor.detach().clone(memory_format=torch.contiguous_format)
@@ -94,7 +94,9 @@ class _Output:
             self.compute(copy)
 
 
-_Op = tuple[tuple[str, ...], list[_Output], list[tuple[int, int]], int]
+_Strings = tuple[str, str, str, str]
+"""An op's name, module path, source line and autograd node."""
+_Op = tuple[_Strings, list[_Output], list[tuple[int, int]], int]
 
 
 class Summaries:
@@ -115,7 +117,7 @@ class Summaries:
         self._thread: threading.Thread | None = None
 
     def put(
-        self, strings: tuple[str, ...], outputs: list[torch.Tensor], inputs: list[tuple[int, int]]
+        self, strings: _Strings, outputs: list[torch.Tensor], inputs: list[tuple[int, int]]
     ) -> None:
         """One recorded op: its (op, module, source, node) strings, outputs and producers."""
         if self._decide is not None:
@@ -218,10 +220,10 @@ class Summaries:
                     self._changed.notify_all()
 
     def _write(
-        self, strings: tuple[str, ...], outputs: list[_Output], inputs: list[tuple[int, int]]
+        self, strings: _Strings, outputs: list[_Output], inputs: list[tuple[int, int]]
     ) -> None:
         writer = self.writer
-        values: list[tuple[int, int, Any]] = []
+        values: list[tuple[int, int, np.ndarray]] = []
         for output in outputs:
             key = (output.dtype, output.shape)
             described = self._described.get(key)
@@ -231,5 +233,11 @@ class Summaries:
                     writer.string(str(list(output.shape))),
                 )
             values.append((*described, output.row))
-        numbers = tuple(writer.string(text) for text in strings)
-        writer.add(numbers, combine_digests([output.digest for output in outputs]), values, inputs)  # type: ignore[arg-type]
+        op, module, source, node = strings
+        numbers = (
+            writer.string(op),
+            writer.string(module),
+            writer.string(source),
+            writer.string(node),
+        )
+        writer.add(numbers, combine_digests([output.digest for output in outputs]), values, inputs)
