@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from detctx._basics import nested
 from detctx._basics.caches import process_cache, reset_caches
-from detctx._basics.envelope import open_envelope
+from detctx._basics.envelope import open_envelope, plain_digest, same_plain
 from detctx._basics.equality import same_float
 from detctx._basics.errors import (
     CheckpointError,
@@ -96,11 +96,13 @@ __all__ = [
     "note_entry",
     "open_envelope",
     "parse_seed",
+    "plain_digest",
     "process_cache",
     "read_entry_note",
     "reset_caches",
     "resolve_seed",
     "same_float",
+    "same_plain",
     "scratch_folder",
     "stream_keys",
     "sweep_scratch",

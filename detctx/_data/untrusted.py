@@ -5,13 +5,13 @@ entry and what it should be, never an error from deeper down or an ambiguous tru
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
 
-from detctx._basics import CheckpointError
+from detctx._basics import CheckpointError, same_plain
+from detctx._basics import plain_digest as digest
 
 __all__ = [
     "count",
@@ -23,52 +23,6 @@ __all__ = [
     "same_plain",
     "shown",
 ]
-
-
-def digest(value: Any) -> str:
-    """A digest of plain data (dicts, lists, tensors, ints, floats, strings, bools, ``None``):
-    equal for equal data, whatever the key order; every part length-prefixed, so no two
-    different values run together into the same bytes."""
-    sink = hashlib.blake2b(digest_size=16)
-    _feed(sink, value)
-    return sink.hexdigest()
-
-
-def _feed(sink: Any, value: Any) -> None:
-    if isinstance(value, Mapping):
-        sink.update(b"d%d;" % len(value))
-        for key in sorted(value, key=repr):
-            _feed(sink, key)
-            _feed(sink, value[key])
-    elif isinstance(value, (list, tuple)):
-        sink.update(b"l%d;" % len(value))
-        for item in value:
-            _feed(sink, item)
-    elif isinstance(value, torch.Tensor):
-        data = value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-        shape = ",".join(map(str, value.shape))
-        sink.update(b"t%s;%s;%d;" % (str(value.dtype).encode(), shape.encode(), len(data)))
-        sink.update(data)
-    elif value is None or isinstance(value, (bool, int, float, str)):
-        text = f"{type(value).__name__}:{value!r}".encode()
-        sink.update(b"v%d;" % len(text) + text)
-    else:
-        raise CheckpointError(
-            f"a checkpoint state holds a {type(value).__name__}, not plain data (tensors, "
-            "numbers, strings, None, lists and dicts): resume from a checkpoint detctx saved"
-        )
-
-
-def same_plain(value: Any, expected: Any) -> bool:
-    """``value`` (from a checkpoint: maybe a tensor, a bool for an int) is ``expected``
-    (plain data: dicts, ints, bools, strings, ``None``), type for type."""
-    if type(value) is not type(expected):
-        return False
-    if isinstance(expected, Mapping):
-        return set(value) == set(expected) and all(
-            same_plain(value[key], expected[key]) for key in expected
-        )
-    return bool(value == expected)
 
 
 def generator_state(value: Any, where: str) -> torch.Tensor:

@@ -13,9 +13,14 @@ objects and no allow-list. Each source converts its own state:
 - ``plain``: any other user source whose captured state is already plain
   data is stored as it is.
 
-The dict carries a format name and version; reading a dict of another
-version, or one whose sources do not match this process's, raises
-:class:`~detctx.CheckpointError` before any RNG is touched.
+The dict carries a format name and version and, from version 2, a digest of
+the rest: a state that fits its source but is not the one saved (a flipped
+bit of a Mersenne Twister word, a NumPy position one off) passes every check
+of its shape, and only the digest tells. Reading a dict of a newer version,
+one whose sources do not match this process's, or one whose digest does not
+match what it holds raises :class:`~detctx.CheckpointError` before any RNG
+is touched. Version 1 dicts (written by a detctx before the digest) carry
+none and are read with the checks of their shape only.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final, Protocol, runtime_checkable
 
-from detctx._basics import CheckpointError, open_envelope
+from detctx._basics import CheckpointError, open_envelope, plain_digest, same_plain
 from detctx._sources import Checkpointable, RNGSource, checks, plain
 
 __all__ = [
@@ -37,8 +42,9 @@ __all__ = [
 FORMAT: Final = "detctx.RNGState"
 """The ``"format"`` entry of every RNG state dict."""
 
-VERSION: Final = 1
-"""The layout version this detctx writes and reads."""
+VERSION: Final = 2
+"""The layout version this detctx writes (2: with a digest), and the newest it reads."""
+_KEYS: Final = frozenset({"format", "version", "sources", "digest"})
 
 @runtime_checkable
 class PlainStateSource(Protocol):
@@ -61,7 +67,9 @@ def encode(captured: list[tuple[str, RNGSource, Any]]) -> dict[str, Any]:
     for name, source, state in captured:
         kind, stored = _form(name, source).to_checkpoint(state)
         entries[name] = {"kind": kind, "state": stored}
-    return {"format": FORMAT, "version": VERSION, "sources": entries}
+    state = {"format": FORMAT, "version": VERSION, "sources": entries}
+    state["digest"] = plain_digest(state)
+    return state
 
 
 def decode(
@@ -73,7 +81,8 @@ def decode(
     a saved source that is not registered here, a state that does not fit its
     source and, with ``strict``, a source managed here that the dict lacks.
     """
-    entries = _check_header(state_dict)
+    state_dict = _check_header(state_dict)
+    entries = state_dict["sources"]
     by_name = dict(sources)
     if strict:
         missing = [name for name in by_name if name not in entries]
@@ -97,10 +106,13 @@ def decode(
         if not isinstance(entry, Mapping) or not isinstance(entry.get("kind"), str):
             raise CheckpointError(f"the RNG state dict's entry for {name!r} is malformed")
         decoded.append((name, source, _decode_one(name, source, entry["kind"], entry.get("state"))))
+    # Last, so that a state a check above refuses is told what differs.
+    _check_digest(state_dict)
     return decoded
 
 
 def _check_header(state_dict: object) -> Mapping[str, Any]:
+    """``state_dict`` once its envelope and keys are what its version holds."""
     state_dict = open_envelope(
         state_dict,
         FORMAT,
@@ -112,7 +124,25 @@ def _check_header(state_dict: object) -> Mapping[str, Any]:
     entries = state_dict.get("sources")
     if not isinstance(entries, Mapping):
         raise CheckpointError("the RNG state dict has no 'sources' mapping")
-    return entries
+    keys = _KEYS if state_dict["version"] >= 2 else _KEYS - {"digest"}
+    if set(state_dict) != keys:
+        raise CheckpointError(
+            f"the RNG state dict of version {state_dict['version']} holds keys "
+            f"{sorted(map(str, state_dict))}; that version holds {sorted(keys)}: a corrupted "
+            "or edited checkpoint"
+        )
+    return state_dict
+
+
+def _check_digest(state_dict: Mapping[str, Any]) -> None:
+    if state_dict["version"] < 2:
+        return  # written before the digest: nothing to check it against
+    rest = {key: value for key, value in state_dict.items() if key != "digest"}
+    if not same_plain(state_dict["digest"], plain_digest(rest)):
+        raise CheckpointError(
+            "the RNG state dict was changed after it was saved (its digest does not match the "
+            "states it holds): a corrupted or edited checkpoint; restore from another one"
+        )
 
 
 def _decode_one(name: str, source: RNGSource, kind: str, stored: Any) -> Any:
