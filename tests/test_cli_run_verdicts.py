@@ -199,6 +199,28 @@ def test_a_distributed_block_notes_the_seed_the_ranks_agreed_on_before_seeding(
     assert read is not None
     assert (read.seed, read.seed_from) == (shared, "environment" if seed is None else "argument")
     assert shared == (5 if seed is None else 9)
+    assert read.block == "distributed_deterministic"
+    told = exported_seed([read], shared)
+    if seed is None:
+        assert "distributed_deterministic(seed=None) draws a fresh seed" in told
+        assert "distributed_deterministic(seed=5)" in told
+        assert "deterministic(seed=None) (or seed_all())" not in told
+    else:
+        assert told == ""
+
+
+def test_a_one_process_block_is_named_in_the_exported_seed_note():
+    told = exported_seed([note(seed_from="environment")], 7)
+    assert "`python train.py`, deterministic(seed=None) (or seed_all()) draws" in told
+    assert "distributed" not in told
+
+
+@pytest.mark.parametrize("block", ["", "seed_all", 1, None])
+def test_a_note_naming_no_known_block_is_not_read(tmp_path, block):
+    path = tmp_path / "run.notes"
+    line = {"seed": 3, "seed_from": "fresh", "drawn": {}, "block": block}
+    path.write_text(json.dumps(line) + "\n")
+    assert read_entry_note(path) is None
 
 
 def test_a_run_never_creates_a_notes_file_nor_writes_through_a_link(tmp_path, monkeypatch):

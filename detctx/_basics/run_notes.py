@@ -32,6 +32,9 @@ NOTES_ENV: Final = "DETCTX_RUN_NOTES"
 SEED_FROM: Final = ("argument", "environment", "fresh")
 """Where a block's seed came from: its own argument, ``$DETCTX_SEED``, OS entropy."""
 
+BLOCKS: Final = ("deterministic", "distributed_deterministic")
+"""Which kind of block noted its seed (``seed_all`` seeds through a ``deterministic`` block)."""
+
 STREAMS: Final = ("random", "numpy", "torch")
 """The global generators whose draws before the first block are noted."""
 
@@ -50,13 +53,14 @@ class EntryNote:
     seed: int
     seed_from: str
     drawn: dict[str, str]
+    block: str = "deterministic"
 
 
-def note_entry(seed: int, *, given: bool) -> None:
+def note_entry(seed: int, *, given: bool, block: str = "deterministic") -> None:
     """Note the first block of this process in ``$NOTES_ENV``, when ``detctx run`` set it.
 
-    ``given``: the block was given its seed. Never raises: a note that cannot be
-    written only leaves ``detctx run`` with less to say.
+    ``given``: the block was given its seed; ``block``: one of :data:`BLOCKS`. Never
+    raises: a note that cannot be written only leaves ``detctx run`` with less to say.
     """
     global _noted_in
     path = os.environ.get(NOTES_ENV)
@@ -69,7 +73,8 @@ def note_entry(seed: int, *, given: bool) -> None:
         drawn = _drawn()
     except Exception:  # a generator replaced by something odd: the note goes without it
         drawn = {}
-    line = json.dumps({"seed": seed, "seed_from": seed_from, "drawn": drawn}) + "\n"
+    note = {"seed": seed, "seed_from": seed_from, "drawn": drawn, "block": block}
+    line = json.dumps(note) + "\n"
     try:
         # The parent made the file: never create one, nor follow a link planted there.
         flags = os.O_WRONLY | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0)
@@ -130,16 +135,20 @@ def _parse(line: str) -> EntryNote | None:
         data = json.loads(line)
     except (ValueError, RecursionError):
         return None
-    if not isinstance(data, dict) or set(data) != {"seed", "seed_from", "drawn"}:
+    keys = {"seed", "seed_from", "drawn"}
+    if not isinstance(data, dict) or set(data) not in (keys, keys | {"block"}):
         return None
     seed, seed_from, drawn = data["seed"], data["seed_from"], data["drawn"]
+    block = data.get("block", BLOCKS[0])
+    if block not in BLOCKS:
+        return None
     if type(seed) is not int or not 0 <= seed <= MAX_SEED or seed_from not in SEED_FROM:
         return None
     if not isinstance(drawn, dict) or not set(drawn) <= set(STREAMS):
         return None
     if not all(isinstance(v, str) and len(v) == 16 and _is_hex(v) for v in drawn.values()):
         return None
-    return EntryNote(seed, seed_from, dict(drawn))
+    return EntryNote(seed, seed_from, dict(drawn), block)
 
 
 def _is_hex(text: str) -> bool:

@@ -155,11 +155,17 @@ def noted_cause(notes: Sequence[EntryNote | None]) -> str:
 def exported_seed(notes: Sequence[EntryNote | None], seed: int) -> str:
     """What to know when a run's block took its seed from the ``DETCTX_SEED`` that only
     ``detctx run`` exported, or ``""``: plain runs of the script draw a fresh seed."""
-    if not any(note is not None and note.seed_from == "environment" for note in notes):
+    exported = [note for note in notes if note is not None and note.seed_from == "environment"]
+    if not exported:
         return ""
+    if exported[0].block == "distributed_deterministic":
+        block, plain = "distributed_deterministic", "run without detctx run (torchrun train.py)"
+        drawn = f"{block}(seed=None) draws a fresh seed, which the ranks agree on"
+    else:
+        block, plain = "deterministic", "run as a plain `python train.py`"
+        drawn = f"{block}(seed=None) (or seed_all()) draws a fresh seed"
     return (
         f"Note: the runs took their seed from {SEED_ENV}={seed}, which detctx run exports: "
-        "run as a plain `python train.py`, deterministic(seed=None) (or seed_all()) draws a "
-        "fresh seed, so plain runs will not reproduce. Give the seed in the script, "
-        f"deterministic(seed={seed}), or export {SEED_ENV}={seed} wherever it runs."
+        f"{plain}, {drawn}, so plain runs will not reproduce. Give the seed in the script, "
+        f"{block}(seed={seed}), or export {SEED_ENV}={seed} wherever it runs."
     )

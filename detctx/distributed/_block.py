@@ -120,7 +120,11 @@ class RankCoordinator:
             self.mesh_seeds if self.megatron_seeds is None else self.megatron_seeds,
         )
         # For detctx run, before seeding, as a one-process block notes its seed.
-        note_entry(agreement.shared_seed, given=settings.seed is not None)
+        note_entry(
+            agreement.shared_seed,
+            given=settings.seed is not None,
+            block="distributed_deterministic",
+        )
         return _Agreed(agreement, self)
 
     def after_entry(self) -> None:
