@@ -8,9 +8,11 @@ alternating order); the ratio is the median of the rounds' ratios, so a
 machine whose speed drifts between rounds (a shared one) is compared
 with itself. With one torch thread a core is spare, so the recording's
 helper thread summarises large outputs beside the step
-(:mod:`detctx._compare.summaries`): the process's CPU time is printed beside
-the wall time, and a third contender times the recording with the helper
-off, everything in line. Then two traces of
+(:mod:`detctx._compare.summaries`): the process's CPU time and the
+program's own thread's are printed beside the wall time (the latter is
+what the recording takes from the program, less noisy than the wall time),
+and a third contender times the recording with the helper off, everything
+in line. Then two traces of
 ``--steps`` steps at the tiny size (about 50,000 ops each at 130 steps; the
 issue's 40 steps of a larger model), the second from another seed so that
 every op differs and is listed (the slowest report), compared with
@@ -41,7 +43,7 @@ COMPARE_TARGET = 10.0
 
 def recording_cost(
     folder: Path, repeat: int
-) -> tuple[dict[str, list[tuple[float, float]]], int, int]:
+) -> tuple[dict[str, list[tuple[float, float, float]]], int, int]:
     import detctx
     import detctx._compare.recorder as recorder
 
@@ -66,23 +68,29 @@ def recording_cost(
             recorder.spare_core = spare_core
 
     contenders = {"plain step": plain, "recorded step": recorded, "helper off": in_line}
-    times: dict[str, list[tuple[float, float]]] = {name: [] for name in contenders}
+    times: dict[str, list[tuple[float, float, float]]] = {name: [] for name in contenders}
     for run in contenders.values():
         run()  # warm up
     names = list(contenders)
     for round_ in range(repeat):
         shift = round_ % len(names)
         for name in names[shift:] + names[:shift]:
-            wall, cpu = time.perf_counter(), time.process_time()
+            wall, cpu, mine = time.perf_counter(), time.process_time(), time.thread_time()
             contenders[name]()
-            times[name].append((time.perf_counter() - wall, time.process_time() - cpu))
+            times[name].append(
+                (
+                    time.perf_counter() - wall,
+                    time.process_time() - cpu,
+                    time.thread_time() - mine,
+                )
+            )
     from detctx._compare.format import read_trace
 
     return times, len(read_trace(trace)), trace.stat().st_size
 
 
 def _ratios(
-    times: dict[str, list[tuple[float, float]]], name: str, column: int
+    times: dict[str, list[tuple[float, float, float]]], name: str, column: int
 ) -> tuple[float, float, float, float, float]:
     """Median of the rounds' ratios to the plain step, the two medians' seconds, and the
     lowest and highest round's ratio."""
@@ -136,6 +144,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         cpu, plain_cpu, recorded_cpu, _, _ = _ratios(times, "recorded step", 1)
         print(f"  CPU time: plain {plain_cpu:.3f} s, recorded {recorded_cpu:.3f} s: {cpu:.2f}x")
+        own, plain_own, recorded_own, _, _ = _ratios(times, "recorded step", 2)
+        print(
+            f"  the program's thread alone: plain {plain_own:.3f} s, recorded "
+            f"{recorded_own:.3f} s of CPU: {own:.2f}x"
+        )
         alone, _, in_line, low, high = _ratios(times, "helper off", 0)
         print(
             f"  helper off (every row in line): {in_line:.3f} s: {alone:.2f}x; "

@@ -1,6 +1,7 @@
 """Where a CPU core is spare, a helper thread summarises large outputs from copies while the
 program runs on: the trace is byte for byte the one recorded in line, whatever the program
-does to an output after its op returned."""
+does to an output after its op returned. Small outputs are summarised many at a time, with
+or without the helper: each row and digest is the one the output has alone."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ import detctx
 import detctx._compare.recorder as recorder_module
 import detctx._compare.summaries as summaries_module
 from detctx._compare.format import read_trace
-from detctx._compare.summaries import SMALLEST_COPY, spare_core
+from detctx._compare.sketch import IN_NUMPY, numpy_values, small_rows
+from detctx._compare.summaries import SMALLEST_COPY, Summaries, spare_core
+from detctx._locate import PUBLIC_KEY, tensor_digest
 
 
 def _helper(monkeypatch: pytest.MonkeyPatch, on: bool) -> None:
@@ -41,6 +44,23 @@ def _program() -> None:
         optimizer.zero_grad()
 
 
+def _small_program() -> None:
+    """Small outputs of every kind NumPy reads, and writes into them after their ops."""
+    torch.manual_seed(4)
+    x = torch.randn(8, 6)
+    for step in range(3):
+        y = x.t() * 2.0  # a transposed result
+        y.add_(1.0)
+        z = torch.complex(y, -y).conj() * 1j
+        flags = y > 0.5
+        counts = flags.sum(dim=0)
+        half = (y * 0.25).half()
+        scalar = (y * z.real).sum()
+        y.numpy()[:] = float(step)  # behind torch's back
+        empty = y[:0] * 3.0
+        x = x + torch.where(flags.t(), half.float().t(), scalar) + counts.sum() + empty.sum()
+
+
 def _helper_threads() -> list[threading.Thread]:
     return [thread for thread in threading.enumerate() if thread.name == "detctx-summaries"]
 
@@ -62,6 +82,51 @@ def test_a_trace_recorded_with_the_helper_is_byte_for_byte_the_one_recorded_in_l
     assert (tmp_path / "helper.trace").read_bytes() == in_line
     values = read_trace(tmp_path / "helper.trace").values
     assert (values["stats"][:, 0] * 4 >= SMALLEST_COPY).sum() > 10  # the helper had work
+
+
+@pytest.mark.parametrize(("helper", "batch_ops"), [(False, 1), (False, 5), (True, 64)])
+def test_small_outputs_summarised_together_get_the_rows_and_digests_they_have_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, helper: bool, batch_ops: int
+) -> None:
+    def recorded(name: str, batch: int, with_helper: bool) -> bytes:
+        monkeypatch.setattr(summaries_module, "BATCH_OPS", batch)
+        _helper(monkeypatch, with_helper)
+        with detctx.recording(tmp_path / name):
+            _small_program()
+        return (tmp_path / name).read_bytes()
+
+    together = recorded("a.trace", batch_ops, helper)
+    assert together == recorded("b.trace", 1, False)  # each op's outputs alone
+    trace = read_trace(tmp_path / "a.trace")
+    dtypes = {trace.text(number) for number in trace.values["dtype"]}
+    assert {"float32", "complex64", "bool", "int64", "float16"} <= dtypes
+
+
+def test_a_small_output_row_and_digest_are_those_of_the_tensor_itself() -> None:
+    torch.manual_seed(5)
+    tensors = [
+        torch.randn(3, 5).t(),
+        torch.randn(700),  # past the 2 KiB a digest sums directly
+        torch.randn(2, 3, dtype=torch.complex64).conj(),
+        torch.tensor(True),
+        torch.arange(9).reshape(3, 3)[:, 1],
+        torch.randn(IN_NUMPY, dtype=torch.float64),  # 64 KiB
+        torch.randn(4).half(),
+    ] * 40  # more than one staging buffer's rows: the digests are taken in parts
+    arrays = [numpy_values(tensor) for tensor in tensors]
+    assert all(array is not None for array in arrays)
+    kept = [array for array in arrays if array is not None]
+    summaries = Summaries(None, helper=lambda: False)  # type: ignore[arg-type]
+    digests = summaries._digests(kept)
+    assert digests == [tensor_digest(tensor, key=PUBLIC_KEY) for tensor in tensors]
+    rows = small_rows(kept)
+    for tensor, row in zip(tensors, rows):
+        values = torch.view_as_real(tensor.resolve_conj()) if tensor.is_complex() else tensor
+        values = values.double()
+        assert row[0] == values.numel()
+        assert row[3] == values.min() and row[4] == values.max()
+        assert np.isclose(row[6], float(values.norm()), rtol=1e-12)
+        assert np.isclose(row[5], float(values.mean()), rtol=1e-9, atol=1e-12)
 
 
 def test_whether_to_run_a_helper_is_decided_at_the_first_op_not_when_recording_starts(
@@ -94,10 +159,11 @@ def test_the_helper_summarises_an_output_as_it_was_when_its_op_returned(
     assert np.isclose(row[3], float((x * 3.0).min())) and np.isclose(row[4], float((x * 3.0).max()))
 
 
+@pytest.mark.parametrize("helper", [True, False])
 def test_a_failing_summary_stops_the_program_and_leaves_the_trace_cut_short(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, helper: bool
 ) -> None:
-    _helper(monkeypatch, True)
+    _helper(monkeypatch, helper)
 
     def broken(tensor: torch.Tensor) -> None:
         raise MemoryError("no room for the sketch")
@@ -114,10 +180,11 @@ def test_a_failing_summary_stops_the_program_and_leaves_the_trace_cut_short(
         read_trace(tmp_path / "a.trace")
 
 
+@pytest.mark.parametrize("helper", [True, False])
 def test_dataloader_workers_start_while_the_helper_has_work(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, helper: bool
 ) -> None:
-    _helper(monkeypatch, True)
+    _helper(monkeypatch, helper)
     data = torch.utils.data.TensorDataset(torch.arange(64.0).reshape(16, 4))
     loader = torch.utils.data.DataLoader(data, batch_size=4, num_workers=2)
     x = torch.randn(512, 512)

@@ -16,35 +16,48 @@ are the same (the same calls on the same bits with the same thread count):
 a trace recorded with the helper is byte for byte the one recorded without.
 The helper also writes every row, in op order.
 
+Small CPU outputs (at most :data:`~detctx._compare.sketch.IN_NUMPY` numbers
+of a dtype NumPy reads: most outputs by count) are copied into NumPy as their
+op returns and summarised many at a time, every op waiting for the helper
+together, or every :data:`BATCH_OPS` ops without one
+(:func:`~detctx._compare.sketch.small_rows`, and a
+:class:`~detctx._locate.Staging` buffer for their digests): a few
+microseconds an output instead of tens, and each row and digest is the one
+the output has alone.
+
 A core is spare when this process's CPU affinity holds more cores than
 torch's intra-op threads take, for every local rank (``LOCAL_WORLD_SIZE``,
 as torchrun sets it): ``ranks * (threads + 1) <= cores``. A program that
 gives torch every core gets no helper: two threads would share each core
-and the step would slow. Smaller outputs (summarised in a few microseconds
-of NumPy), outputs on an accelerator (whose work is queued on the device)
-and outputs larger than :data:`LARGEST_COPY` (no second copy of a huge
-tensor) are summarised in line. Copies waiting for the helper are bounded by
-:data:`PENDING_BYTES`; past that, the program waits. Before a fork (a
-DataLoader starting its workers) the recorder has the helper finish its
-queue, so the child inherits no thread in the middle of a torch call.
+and the step would slow. Other outputs on the CPU below
+:data:`SMALLEST_COPY` (bfloat16), outputs on an accelerator (whose work is
+queued on the device) and outputs larger than :data:`LARGEST_COPY` (no
+second copy of a huge tensor) are summarised in line. Copies waiting for
+the helper are bounded by :data:`PENDING_BYTES`; past that, the program
+waits. Before a fork (a DataLoader starting its workers) the recorder has
+every op put so far written, so the child inherits no thread in the middle
+of a torch call and no rows to write. A summary that fails stops the
+program at its next op and leaves the trace cut short, with a helper or
+without.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Final
 
 import numpy as np
 import torch
 
 from detctx._compare.format import TraceWriter
-from detctx._compare.sketch import SKETCH, STATISTICS, statistics
-from detctx._locate import PUBLIC_KEY, combine_digests, tensor_digest
+from detctx._compare.sketch import SKETCH, STATISTICS, numpy_values, small_rows, statistics
+from detctx._locate import PUBLIC_KEY, Staging, combine_digests, tensor_digest
 
-__all__ = ["LARGEST_COPY", "PENDING_BYTES", "SMALLEST_COPY", "Summaries", "spare_core"]
+__all__ = ["BATCH_OPS", "LARGEST_COPY", "PENDING_BYTES", "SMALLEST_COPY", "Summaries", "spare_core"]
 
 PENDING_BYTES: Final = 256 << 20
 """Bytes of copies waiting for the helper before the program waits for it."""
@@ -53,6 +66,8 @@ SMALLEST_COPY: Final = 1 << 16
 over costs the program about what summarising them does."""
 LARGEST_COPY: Final = 64 << 20
 """Larger CPU outputs are summarised in line, not copied."""
+BATCH_OPS: Final = 64
+"""Without a helper, the small outputs of this many ops are summarised together."""
 _UNREADABLE: Final = np.concatenate([np.zeros(3), np.full(len(STATISTICS) - 3 + SKETCH, np.nan)])
 
 
@@ -68,18 +83,24 @@ def spare_core() -> bool:
 
 
 class _Output:
-    """One output: its description, and its row and digest or the copy to compute them from."""
+    """One output: its description, and its row and digest or what to compute them from: a
+    copy of a small output's numbers in NumPy (summarised with others), or of a large one."""
 
-    __slots__ = ("copy", "digest", "dtype", "row", "shape")
+    __slots__ = ("array", "copy", "digest", "dtype", "row", "shape", "size")
 
     def __init__(self, tensor: torch.Tensor, copy: bool) -> None:
         self.dtype = tensor.dtype
         self.shape = tuple(tensor.shape)
         self.copy: torch.Tensor | None = None
+        self.array = numpy_values(tensor)
         self.row = _UNREADABLE
         self.digest = 0
-        if copy:
+        self.size = 0  # bytes of the copies this output holds
+        if self.array is not None:
+            self.size = self.array.nbytes
+        elif copy:
             self.copy = tensor.detach().clone(memory_format=torch.contiguous_format)
+            self.size = self.copy.nbytes
         else:
             self.compute(tensor)
 
@@ -115,6 +136,8 @@ class Summaries:
         self._closing = False
         self._failure: BaseException | None = None
         self._thread: threading.Thread | None = None
+        self._batch: list[_Op] = []
+        self._staging: Staging | None = None
 
     def put(
         self, strings: _Strings, outputs: list[torch.Tensor], inputs: list[tuple[int, int]]
@@ -127,33 +150,30 @@ class Summaries:
                     target=self._serve, name="detctx-summaries", daemon=True
                 )
                 self._thread.start()
-        if self._thread is None:
-            self._write(strings, [_Output(tensor, copy=False) for tensor in outputs], inputs)
-            return
         self._raise_failure()
         self.writer.begin()  # the header describes the program as the first op ran
-        summaries = []
-        size = 0
-        for tensor in outputs:
-            copy = (
-                (type(tensor) is torch.Tensor or type(tensor) is torch.nn.Parameter)
-                and tensor.is_cpu
-                and tensor.layout == torch.strided
-                and not tensor.is_quantized
-                and SMALLEST_COPY <= tensor.nbytes <= LARGEST_COPY
-            )
-            summaries.append(_Output(tensor, copy))
-            size += tensor.nbytes if copy else 0
+        helper = self._thread is not None
+        if not helper:
+            with self._failing():
+                self._batch.append((strings, self._outputs(outputs, helper), inputs, 0))
+                if len(self._batch) >= BATCH_OPS:
+                    batch, self._batch = self._batch, []
+                    self._finish(batch)
+            return
+        summaries = self._outputs(outputs, helper)
+        size = sum(output.size for output in summaries)
+        op = (strings, summaries, inputs, size)
         with self._changed:
             while self._pending and self._pending + size > PENDING_BYTES and not self._failure:
                 self._changed.wait()
-            self._queue.append((strings, summaries, inputs, size))
+            self._queue.append(op)
             self._pending += size
             self._changed.notify_all()
 
     def drain(self) -> None:
         """Wait until every op put so far is written (the recorder does, before a fork)."""
         if self._thread is None:
+            self._flush()
             return
         with self._changed:
             while (self._queue or self._busy) and self._failure is None:
@@ -163,6 +183,7 @@ class Summaries:
         """Write every op put so far and stop the helper; raises what the helper raised."""
         thread, self._thread = self._thread, None
         if thread is None:
+            self._flush()
             return
         with self._changed:
             self._closing = True
@@ -171,7 +192,7 @@ class Summaries:
             thread.join()
         except BaseException:
             # Interrupted while the helper writes the queue's rows (a second Ctrl-C): drop
-            # the rest, wait for the op in hand, and leave the trace cut short, not short.
+            # the rest, wait for the ops in hand, and leave the trace cut short, not short.
             with self._changed:
                 self._queue.clear()
                 self._pending = 0
@@ -184,12 +205,48 @@ class Summaries:
         """Forget the queue and the helper (a forked child, where the thread does not exist)."""
         self._thread = None
         self._queue.clear()
+        self._batch.clear()
 
     def _raise_failure(self) -> None:
         if self._failure is not None:
             raise RuntimeError(
                 "detctx: summarising a recorded op failed; the trace is left cut short"
             ) from self._failure
+
+    def _flush(self) -> None:
+        """Without a helper: write the ops put since the last flush."""
+        batch, self._batch = self._batch, []
+        if batch:
+            with self._failing():
+                self._finish(batch)
+
+    @contextlib.contextmanager
+    def _failing(self) -> Iterator[None]:
+        """Without a helper: a summary that fails (or an interrupt while rows are made)
+        leaves the trace cut short, and the failure is raised as the helper's would be."""
+        try:
+            yield
+        except BaseException as exc:
+            self._batch.clear()
+            self.writer.cut()  # rows from here on are missing: not a complete trace
+            if not isinstance(exc, Exception):
+                raise
+            self._failure = exc
+            self._raise_failure()
+
+    def _outputs(self, outputs: list[torch.Tensor], helper: bool) -> list[_Output]:
+        summaries = []
+        for tensor in outputs:
+            copy = (
+                helper
+                and (type(tensor) is torch.Tensor or type(tensor) is torch.nn.Parameter)
+                and tensor.is_cpu
+                and tensor.layout == torch.strided
+                and not tensor.is_quantized
+                and SMALLEST_COPY <= tensor.nbytes <= LARGEST_COPY
+            )
+            summaries.append(_Output(tensor, copy))
+        return summaries
 
     def _serve(self) -> None:
         with torch.no_grad():
@@ -199,12 +256,12 @@ class Summaries:
                         self._changed.wait()
                     if not self._queue:
                         return
-                    strings, outputs, inputs, size = self._queue.popleft()
+                    # Every op waiting: their small outputs are summarised together.
+                    batch = list(self._queue)
+                    self._queue.clear()
                     self._busy = True
                 try:
-                    for output in outputs:
-                        output.finish()
-                    self._write(strings, outputs, inputs)
+                    self._finish(batch)
                 except BaseException as exc:  # raised in the program's thread, at its next op
                     self.writer.cut()  # rows from here on are missing: not a complete trace
                     with self._changed:
@@ -215,9 +272,42 @@ class Summaries:
                         self._changed.notify_all()
                     return
                 with self._changed:
-                    self._pending -= size
+                    self._pending -= sum(op[3] for op in batch)
                     self._busy = False
                     self._changed.notify_all()
+
+    def _finish(self, batch: list[_Op]) -> None:
+        """Compute the rows and digests of ``batch``'s outputs and write its ops, in order."""
+        small = [output for op in batch for output in op[1] if output.array is not None]
+        arrays = [output.array for output in small if output.array is not None]
+        if arrays:
+            rows = small_rows(arrays)
+            for output, row, digest in zip(small, rows, self._digests(arrays)):
+                output.row, output.digest, output.array = row, digest, None
+        for strings, outputs, inputs, _ in batch:
+            for output in outputs:
+                output.finish()
+            self._write(strings, outputs, inputs)
+
+    def _digests(self, arrays: list[np.ndarray]) -> list[int]:
+        """The digests of small outputs' copies, many at a time (each the one it has alone)."""
+        if self._staging is None:
+            self._staging = Staging(key=PUBLIC_KEY)
+        staging = self._staging
+        digests: list[int] = []
+        for array in arrays:
+            copy = torch.from_numpy(array)
+            if not staging.room_for([copy]):
+                digests.extend(self._take(staging))
+            staging.add(copy)
+        digests.extend(self._take(staging))
+        return digests
+
+    @staticmethod
+    def _take(staging: Staging) -> list[int]:
+        high, low = staging.digests()
+        staging.clear()
+        return [(int(first) << 64) | int(second) for first, second in zip(high, low)]
 
     def _write(
         self, strings: _Strings, outputs: list[_Output], inputs: list[tuple[int, int]]

@@ -21,16 +21,19 @@ from detctx._locate.ops import op_info
 from detctx._locate.outputs import combine_digests, new_values, tensors
 from detctx._locate.recorder import dispatch_mode
 from detctx._locate.search import locate_divergence
+from detctx._locate.staging import Staging
 
 # Besides locate's own API, the machinery detctx._compare records with: the running
 # module's path, the user's source line, what each op is, and the digest (under the
-# public key: its recordings are compared across processes that share no key).
+# public key: its recordings are compared across processes that share no key), one
+# tensor at a time or many small ones at once.
 __all__ = [
     "NUMPY_DTYPES",
     "PUBLIC_KEY",
     "UNKNOWN",
     "Divergence",
     "ModuleTracker",
+    "Staging",
     "combine_digests",
     "compare_traces",
     "dispatch_mode",
