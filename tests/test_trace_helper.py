@@ -245,3 +245,34 @@ def test_an_interrupt_while_the_helper_finishes_leaves_the_trace_cut_short_not_s
     assert not _helper_threads()
     with pytest.raises(detctx.TraceError, match="cut short"):
         read_trace(tmp_path / "a.trace")
+
+
+@pytest.mark.parametrize("helper", [True, False])
+def test_a_summary_failing_in_the_programs_thread_leaves_no_op_missing_unseen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, helper: bool
+) -> None:
+    # The program catches the error and runs on: the trace must not read as complete.
+    _helper(monkeypatch, helper)
+    calls = 0
+
+    def fails_once(tensor: torch.Tensor) -> np.ndarray | None:
+        nonlocal calls
+        calls += 1
+        if calls == 5:
+            raise MemoryError("no room for the copy")
+        return numpy_values(tensor)
+
+    monkeypatch.setattr(summaries_module, "numpy_values", fails_once)
+    x = torch.randn(512, 512)
+    failures = 0
+    with pytest.raises(RuntimeError, match="summarising a recorded op failed"):
+        with detctx.recording(tmp_path / "a.trace"):
+            for _ in range(10):
+                try:
+                    x = x * 1.5 + torch.ones(3).sum()
+                except RuntimeError:
+                    failures += 1
+    assert failures >= 1
+    assert not _helper_threads()
+    with pytest.raises(detctx.TraceError, match="cut short"):
+        read_trace(tmp_path / "a.trace")

@@ -160,7 +160,10 @@ class Summaries:
                     batch, self._batch = self._batch, []
                     self._finish(batch)
             return
-        summaries = self._outputs(outputs, helper)
+        try:
+            summaries = self._outputs(outputs, helper)
+        except Exception as exc:
+            raise self._fail_beside_helper(exc)  # noqa: B904 (its cause is the failure)
         size = sum(output.size for output in summaries)
         op = (strings, summaries, inputs, size)
         with self._changed:
@@ -184,6 +187,7 @@ class Summaries:
         thread, self._thread = self._thread, None
         if thread is None:
             self._flush()
+            self._raise_failure()
             return
         with self._changed:
             self._closing = True
@@ -209,9 +213,15 @@ class Summaries:
 
     def _raise_failure(self) -> None:
         if self._failure is not None:
-            raise RuntimeError(
-                "detctx: summarising a recorded op failed; the trace is left cut short"
-            ) from self._failure
+            raise self._failed(self._failure)
+
+    @staticmethod
+    def _failed(failure: BaseException) -> RuntimeError:
+        error = RuntimeError(
+            "detctx: summarising a recorded op failed; the trace is left cut short"
+        )
+        error.__cause__ = failure
+        return error
 
     def _flush(self) -> None:
         """Without a helper: write the ops put since the last flush."""
@@ -233,6 +243,19 @@ class Summaries:
                 raise
             self._failure = exc
             self._raise_failure()
+
+    def _fail_beside_helper(self, exc: Exception) -> RuntimeError:
+        """A summary failed in the program's thread: the helper writes the ops in hand, the
+        rest are dropped and the trace is left cut short, as when the helper fails; the
+        error to raise."""
+        with self._changed:
+            self._queue.clear()
+            self._pending = 0
+            while self._busy:
+                self._changed.wait()
+            failure = self._failure = self._failure or exc
+        self.writer.cut()
+        return self._failed(failure)
 
     def _outputs(self, outputs: list[torch.Tensor], helper: bool) -> list[_Output]:
         summaries = []
