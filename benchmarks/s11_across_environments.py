@@ -6,19 +6,22 @@ T=128, batch 16, two AdamW steps), timed against the plain step in one
 process, one torch thread: target at most 1.5x. Each round runs both (in
 alternating order); the ratio is the median of the rounds' ratios, so a
 machine whose speed drifts between rounds (a shared one) is compared
-with itself. With one torch thread a core is spare, so the recording's
-helper thread summarises large outputs beside the step
-(:mod:`detctx._compare.summaries`): the process's CPU time and the
-program's own thread's are printed beside the wall time (the latter is
-what the recording takes from the program, less noisy than the wall time),
-and a third contender times the recording with the helper off, everything
-in line. Then two traces of
-``--steps`` steps at the tiny size (about 50,000 ops each at 130 steps; the
-issue's 40 steps of a larger model), the second from another seed so that
-every op differs and is listed (the slowest report), compared with
-``detctx.compare_traces``: target at most 10 s. Trace bytes per op are printed.
+with itself. On the 2-core test machine single rounds range from 1.2x to
+1.7x, so the default is 20 rounds (three runs on one day: 1.37x, 1.39x,
+1.47x; runs of 8 to 10 rounds the same day: 1.43x to 1.57x). With one
+torch thread a core is spare, so the recording's helper thread
+summarises large outputs beside the step (:mod:`detctx._compare.summaries`):
+the process's CPU time and the program's own thread's are printed beside
+the wall time (the latter is what the recording takes from the program,
+less noisy than the wall time), and a third contender times the recording
+with the helper off, everything in line. Then two traces of ``--steps``
+steps at the tiny size (about 50,000 ops each at 130 steps; the issue's
+40 steps of a larger model), the second from another seed so that every
+op differs and is listed (the slowest report), compared with
+``detctx.compare_traces``: target at most 10 s. Trace bytes per op are
+printed.
 
-    python -m benchmarks.s11_across_environments --repeat 3 --steps 130
+    python -m benchmarks.s11_across_environments --repeat 20 --steps 130
 """
 
 from __future__ import annotations
@@ -128,7 +131,7 @@ def compare_cost(folder: Path, steps: int) -> tuple[float, int, int, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--steps", type=int, default=130)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
