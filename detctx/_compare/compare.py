@@ -101,6 +101,7 @@ class RankComparison:
     input_error: np.ndarray  # per op of B: the largest error of the values it reads
     at_outputs: np.ndarray  # bool per op of B: compared where its value leaves its module
     bitwise: bool
+    retyped: dict[int, tuple[str, str]]  # op of B -> (dtype in A, in B) of an output compared
 
 
 def _partners(a: Trace, b: Trace, alignment: Alignment) -> tuple[np.ndarray, np.ndarray]:
@@ -179,10 +180,27 @@ def compare_rank(
         error = np.where(has, difference / scale, np.nan)
         nonfinite = (stats_a[:, 1:3] != stats_b[:, 1:3]).any(axis=1)
         error[has & nonfinite] = np.inf
+    # An output compared with one of another dtype takes the stricter tolerance: a float32
+    # value that B computes in bfloat16 (autocast on one side) is a change, not noise.
     dtypes = np.array(b.strings, dtype=object)[b.values["dtype"]] if len(b.values) else []
-    table = {name: tolerance_of(name, rtol, atol) for name in set(dtypes)}
-    rtols = np.array([table[name][0] for name in dtypes], dtype=np.float64)
-    atols = np.array([table[name][1] for name in dtypes], dtype=np.float64)
+    dtypes_a = dtypes.copy() if len(b.values) else dtypes
+    if len(b.values) and has.any():
+        names_a = np.array(a.strings, dtype=object)[a.values["dtype"]]
+        dtypes_a[has] = names_a[partner[has]]
+    table = {name: tolerance_of(name, rtol, atol) for name in {*dtypes, *dtypes_a}}
+    rtols = np.array(
+        [min(table[x][0], table[y][0]) for x, y in zip(dtypes_a, dtypes)], dtype=np.float64
+    )
+    atols = np.array(
+        [min(table[x][1], table[y][1]) for x, y in zip(dtypes_a, dtypes)], dtype=np.float64
+    )
+    retyped = {
+        int(owner_of): (str(x), str(y))
+        for owner_of, x, y in zip(
+            np.repeat(np.arange(len(b)), b.ops["outputs"].astype(np.int64)), dtypes_a, dtypes
+        )
+        if x != y
+    }
     with np.errstate(invalid="ignore"):
         allowed = (atols * np.sqrt(stats_b[:, 0]) + rtols * np.abs(norm_a)) / scale
     # Equal digests: the op's outputs are the same bits, whatever the sketch's rounding.
@@ -223,6 +241,7 @@ def compare_rank(
         input_error,
         at_outputs,
         bitwise,
+        retyped,
     )
 
 

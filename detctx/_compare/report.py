@@ -66,6 +66,7 @@ def _entry(rank: RankComparison, index: int) -> dict[str, Any]:
         "input_error": _finite(float(rank.input_error[index])),
         "kind": "origin" if rank.origin[index] else "inherited",
         "compared_at_outputs": bool(rank.at_outputs[index]),
+        "dtypes": list(rank.retyped[index]) if index in rank.retyped else None,
     }
 
 
@@ -154,6 +155,11 @@ class TraceComparison:
                     f"{origin['module_path'] or '(no module)'} ({origin['source']}): error "
                     f"{_number(origin['error'])}, tolerance {_number(origin['tolerance'])}; "
                     f"its inputs' largest error {_number(origin['input_error'])}"
+                    + (
+                        f"; {origin['dtypes'][0]} in A, {origin['dtypes'][1]} in B"
+                        if origin["dtypes"]
+                        else ""
+                    )
                 )
             for entry in self.past_tolerance[:shown]:
                 lines.append(

@@ -59,6 +59,13 @@ _BOOKKEEPING: Final = {
     "aten::_scaled_dot_product_cudnn_attention": 2,
     "aten::_flash_attention_forward": 2,
     "aten::_efficient_attention_forward": 2,
+    "aten::mkldnn_rnn_layer": 3,
+    "aten::_cudnn_rnn": 3,
+    "aten::miopen_rnn": 3,
+    "aten::_ctc_loss": 1,
+    "aten::cudnn_batch_norm": 3,
+    "aten::_batch_norm_with_update": 3,
+    "aten::_batch_norm_no_update": 3,
 }
 """Ops whose outputs past the first few are bookkeeping, not values: how many carry values.
 
@@ -67,8 +74,15 @@ lengths, dropout seeds and a debug mask that the kernel may leave as
 uninitialised memory: torch 2.1's CPU flash kernel returns five 0-dim
 tensors that hold other bits on every call with the same inputs
 (``torch.ops.aten._scaled_dot_product_flash_attention(q, q, q, 0.0, True)``
-three times, then ``torch.equal`` on outputs 2, 3, 6, 7, 8). Only the values
-are recorded; a difference in a dropout seed shows in the output it drew.
+three times, then ``torch.equal`` on outputs 2, 3, 6, 7, 8). The recurrent
+kernels return their output and last hidden (and cell) state, then a
+workspace for their backward (``nn.LSTM`` and ``nn.GRU`` on the CPU: a
+uint8 tensor that holds other bits in two processes running the same);
+``ctc_loss`` returns the loss and its forward variables, whose entries past
+each sequence's length are left as they were in memory; cuDNN's batch norm
+returns a reserve space after the output and the saved statistics. Only the
+values are recorded; a difference in a dropout seed shows in the output it
+drew, one in a workspace in the backward op that reads it.
 """
 
 

@@ -104,9 +104,23 @@ def _forwarding_mode() -> type[Any]:
         def _should_skip_dynamo(cls) -> bool:
             # Recent torch wraps a mode's __torch_dispatch__ in torch._disable_dynamo
             # unless the mode says no (as torch/utils/_python_dispatch.py documents);
-            # the wrapper costs about as much as recording a small op, and nothing
-            # here is compiled.
+            # the wrapper costs about as much as recording a small op (some 16 us a
+            # dispatch), and nothing is compiled while recording (_compile_eagerly).
             return False
+
+        def __enter__(self) -> Any:
+            self._restore_compile = _compile_eagerly()
+            try:
+                return super().__enter__()
+            except BaseException:
+                self._restore_compile()
+                raise
+
+        def __exit__(self, *exc: Any) -> Any:
+            try:
+                return super().__exit__(*exc)
+            finally:
+                self._restore_compile()
 
         def __torch_dispatch__(
             self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
@@ -114,6 +128,33 @@ def _forwarding_mode() -> type[Any]:
             return self.recorder.dispatch(func, args, kwargs or {})
 
     return ForwardingMode
+
+
+def _compile_eagerly() -> Callable[[], None]:
+    """Have code compiled with ``torch.compile`` run eagerly while recording; what undoes it.
+
+    A recording sees ops one at a time, as eager mode runs them: a compiled graph
+    would run fused kernels it cannot see, and TorchDynamo would trace into the
+    recorder's own code (torch 2.1 fails in its module hooks, 2.13 in the mode).
+    TorchDynamo's ``disable`` switch is set for the recording and put back after;
+    loading TorchDynamo to reach it takes about a second, once per process.
+    """
+    try:
+        import torch._dynamo.config as config
+
+        before = bool(config.disable)
+        config.disable = True
+    except Exception:  # a torch build without TorchDynamo: nothing is compiled
+        return _nothing
+
+    def restore() -> None:
+        config.disable = before
+
+    return restore
+
+
+def _nothing() -> None:
+    return None
 
 
 def dispatch_mode(recorder: Any) -> Any:
