@@ -185,3 +185,13 @@ def one_rank_group() -> Iterator[None]:
         yield
     finally:
         dist.destroy_process_group()
+
+
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """torch on one intra-op thread, put back after: recording runs many small ops, and on a
+    loaded machine their threads wait for each other."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

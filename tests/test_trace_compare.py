@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import struct
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -28,13 +27,7 @@ SCALE_LINE = next(
 )
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    # Recording runs many small ops; on a loaded machine their threads wait for each other.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def record(path: Path, **options: object) -> Path:
