@@ -112,3 +112,27 @@ def test_record_replaces_an_earlier_folder_of_rank_traces_only_when_it_holds_not
     result = detctx("record", "-o", str(folder), "--", sys.executable, "-c", "pass")
     assert result.returncode == 2 and "notes.txt besides rank traces" in result.stderr
     assert sorted(p.name for p in folder.iterdir()) == ["notes.txt", "rank0.trace"]
+
+
+def test_a_command_whose_recorded_process_runs_no_op_is_refused_with_the_way_out(
+    tmp_path: Path,
+) -> None:
+    # The first Python process (recorded) runs no torch op; the one it starts, which runs
+    # the work (as torch.multiprocessing.spawn's ranks do), is not recorded.
+    launcher = tmp_path / "launcher.py"
+    launcher.write_text(
+        "import subprocess, sys\n"
+        "subprocess.run([sys.executable, '-c', 'import torch; print(torch.ones(3).sum())'],"
+        " check=True)\n"
+    )
+    trace = tmp_path / "spawned.trace"
+    done = detctx("record", "-o", str(trace), "--", sys.executable, str(launcher))
+    assert done.returncode == 2
+    assert f"{trace} holds no op" in done.stderr
+    assert "torchrun" in done.stderr and "detctx.recording" in done.stderr
+    assert "Traceback" not in done.stderr
+    # A process that runs ops is recorded as before.
+    worker = tmp_path / "worker.py"
+    worker.write_text("import torch\nprint((torch.ones(3) * 2).sum())\n")
+    again = detctx("record", "-o", str(tmp_path / "w.trace"), "--", sys.executable, str(worker))
+    assert again.returncode == 0, again.stderr

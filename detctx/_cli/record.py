@@ -12,12 +12,15 @@ of the ranks' traces. Nothing here imports torch.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
+import zlib
 from pathlib import Path
 from typing import Any, Final
 
@@ -31,6 +34,15 @@ RECORD_ENV: Final = "DETCTX_RECORD_DIR"
 """:data:`detctx._compare.RECORD_ENV` (importing it from there would import torch)."""
 
 _SHIM: Final = recording_shim("detctx record", "record", RECORD_ENV, "detctx._compare")
+_CHUNK: Final = struct.Struct("<cQI")
+"""A trace chunk's kind, length and CRC-32 (:mod:`detctx._compare.format`, which imports torch)."""
+_UNRECORDED: Final = (
+    "the process detctx recorded ran no torch op. detctx record records the first Python "
+    "process the command starts, and each rank torchrun starts (RANK and WORLD_SIZE set "
+    "when it starts); processes that torch.multiprocessing.spawn or another launcher starts "
+    "and that set RANK themselves are not recorded. Start the ranks with torchrun, or record "
+    'in each worker: with detctx.recording(f"rank{rank}.trace"): ...'
+)
 
 
 def _clear(path: Path) -> None:
@@ -75,6 +87,11 @@ def record(path: Path, command: list[str]) -> int:
         except OSError as exc:
             raise TraceError(f"cannot start {command[0]}: {exc.strerror or exc}") from None
         ranks = sorted(staging.glob("rank*.trace"))
+        empty = [
+            trace.name if ranks else str(shown)
+            for trace in (ranks or [staging / "main.trace"])
+            if trace.is_file() and _ops_in(trace) == 0
+        ]
         if ranks:
             path.mkdir()
             for trace in ranks:
@@ -94,8 +111,33 @@ def record(path: Path, command: list[str]) -> int:
     if status != 0:
         sys.stderr.write(f"detctx: error: the command exited with status {status}; {written}\n")
         return 2
+    if empty:
+        sys.stderr.write(f"detctx: error: {written}, but {', '.join(empty)} holds no op: ")
+        sys.stderr.write(_UNRECORDED + "\n")
+        return 2
     print(written)
     return 0
+
+
+def _ops_in(trace: Path) -> int | None:
+    """How many ops a complete trace holds, read from its end chunk; ``None`` when it has
+    none (a trace cut short, which the compare reports)."""
+    try:
+        with open(trace, "rb") as stream:
+            size = stream.seek(0, os.SEEK_END)
+            stream.seek(max(0, size - 256))
+            tail = stream.read()
+    except OSError:
+        return None
+    for start in range(len(tail) - _CHUNK.size, -1, -1):
+        kind, length, crc = _CHUNK.unpack_from(tail, start)
+        payload = tail[start + _CHUNK.size :]
+        if kind == b"E" and length == len(payload) and zlib.crc32(payload) == crc:
+            try:
+                return int(json.loads(payload)["rows"][0])
+            except (ValueError, KeyError, TypeError, IndexError):
+                return None
+    return None
 
 
 def _tolerance(text: str) -> float:
