@@ -161,3 +161,14 @@ def test_code_compiled_with_torch_compile_is_recorded_op_by_op_and_compiles_afte
     counter = CompileCounter()
     torch.compile(lambda x: x.cos() + 1, backend=counter)(torch.randn(3))
     assert counter.frame_count == 1  # compiled, not run eagerly
+
+
+def test_a_trace_without_ops_compares_with_nothing(tmp_path: Path) -> None:
+    empty, full = tmp_path / "empty.trace", tmp_path / "full.trace"
+    with detctx.recording(empty):
+        pass
+    with detctx.recording(full):
+        torch.ones(3).add(1)
+    for a, b in ((empty, empty), (empty, full), (full, empty)):
+        with pytest.raises(detctx.TraceError, match=r"holds? no op"):
+            detctx.compare_traces(a, b)

@@ -201,6 +201,12 @@ def compare_traces(
     if not common:
         raise TraceError(f"{a} and {b} have no rank in common")
     for rank in common:
+        empty = [trace.path for trace in (run_a[rank], run_b[rank]) if not len(trace)]
+        if empty:
+            raise TraceError(
+                f"{' and '.join(map(str, empty))} {'hold' if len(empty) > 1 else 'holds'} no "
+                "op: the process recorded ran no torch op, so there is nothing to compare"
+            )
         compared = compare_rank(rank, run_a[rank], run_b[rank], rtol, atol)
         aligned = compared.alignment.aligned
         if aligned < MIN_ALIGNED * max(len(compared.a), len(compared.b), 1):
