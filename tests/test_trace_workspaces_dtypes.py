@@ -172,3 +172,29 @@ def test_a_trace_without_ops_compares_with_nothing(tmp_path: Path) -> None:
     for a, b in ((empty, empty), (empty, full), (full, empty)):
         with pytest.raises(detctx.TraceError, match=r"holds? no op"):
             detctx.compare_traces(a, b)
+
+
+def _masked_attention(path: Path, scale: float, batch: int) -> None:
+    torch.manual_seed(0)
+    q, k = torch.randn(batch, 8, 16), torch.randn(batch, 8, 16)
+    mask = torch.ones(8, 8).tril() == 0
+    with detctx.recording(path):
+        scores = (q @ k.transpose(1, 2)).masked_fill(mask, float("-inf"))
+        scaled = scores * scale  # where B's change enters: a tensor holding -inf
+        scaled.softmax(-1).sum().item()
+
+
+@pytest.mark.parametrize("batch", [2, 200])  # summarised in NumPy, and in torch
+def test_a_change_in_a_tensor_holding_minus_inf_is_the_origin_there(
+    tmp_path: Path, batch: int
+) -> None:
+    a, b = tmp_path / "a.trace", tmp_path / "b.trace"
+    _masked_attention(a, 0.25, batch)
+    _masked_attention(b, 0.25 * 1.003, batch)
+    result = detctx.compare_traces(a, b)
+    origin = result.origin
+    assert origin is not None and origin["op"] == "aten::mul.Tensor", origin
+    assert origin["error"] == pytest.approx(0.003, rel=0.5)
+    same = tmp_path / "same.trace"
+    _masked_attention(same, 0.25, batch)
+    assert detctx.compare_traces(a, same).bitwise

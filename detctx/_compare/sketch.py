@@ -39,6 +39,12 @@ equal sketches on one machine; the tolerance comparison never rests on
 differences that small. Bitwise equality is decided by the digest, not by
 the sketch.
 
+**NaN and Inf.** An output holding them (an attention mask of ``-inf``) is
+counted (NaN, Inf), and its mean, norm and sketch are those of its finite
+values, the others taken as zeros: a difference among its finite values
+shows as in any other output, one in where the NaN and Inf lie does not
+(only their counts are compared). Min and max are over all its values.
+
 **What it cannot see.** A difference confined to a few elements whose
 signs happen to cancel in every row of ``S`` (probability ``2**-SIGNS`` for
 one element; none for a single element, whose change always shows), and
@@ -145,6 +151,10 @@ def statistics(tensor: torch.Tensor) -> np.ndarray | None:
     if not np.isfinite(row[[3, 4, 6]]).all():
         row[1] = int(torch.isnan(flat).sum())
         row[2] = int(torch.isinf(flat).sum())
+        if row[1] or row[2]:
+            finite = statistics(torch.where(torch.isfinite(flat), flat, flat.new_zeros(())))
+            if finite is not None:
+                row[5:] = finite[5:]  # the finite values' mean, norm and sketch
     return row
 
 
@@ -185,6 +195,10 @@ def small_rows(arrays: list[np.ndarray]) -> np.ndarray:
     if not np.isfinite(result[:, [3, 4, 6]]).all():
         result[:, 1] = np.add.reduceat(np.isnan(flat), starts)
         result[:, 2] = np.add.reduceat(np.isinf(flat), starts)
+        for index in np.flatnonzero(result[:, 1] + result[:, 2]):
+            part = parts[index]
+            finite = small_rows([np.where(np.isfinite(part), part, 0.0)])[0]
+            result[index, 5:] = finite[5:]  # the finite values' mean, norm and sketch
     return result
 
 
@@ -212,6 +226,7 @@ def numpy_values(tensor: torch.Tensor) -> np.ndarray | None:
 
 def estimate_difference(sketch_a: np.ndarray, sketch_b: np.ndarray) -> np.ndarray:
     """The estimated L2 norm of ``a - b`` for rows of sketches (last axis ``SKETCH``)."""
-    difference = sketch_a - sketch_b
-    squares: np.ndarray = np.einsum("...i,...i->...", difference, difference)
-    return np.sqrt(squares / SIGNS)
+    with np.errstate(invalid="ignore", over="ignore"):  # a sketch that overflowed: NaN, inf
+        difference = sketch_a - sketch_b
+        squares: np.ndarray = np.einsum("...i,...i->...", difference, difference)
+        return np.sqrt(squares / SIGNS)
