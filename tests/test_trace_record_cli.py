@@ -114,6 +114,7 @@ def test_record_replaces_an_earlier_folder_of_rank_traces_only_when_it_holds_not
     assert sorted(p.name for p in folder.iterdir()) == ["notes.txt", "rank0.trace"]
 
 
+@pytest.mark.slow
 def test_a_command_whose_recorded_process_runs_no_op_is_refused_with_the_way_out(
     tmp_path: Path,
 ) -> None:

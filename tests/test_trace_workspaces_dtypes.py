@@ -75,6 +75,7 @@ def test_the_recurrent_workspace_and_ctc_scratch_are_not_recorded(tmp_path: Path
     assert _outputs(path, "aten::_ctc_loss.Tensor") == [["float32"]]
 
 
+@pytest.mark.slow
 def test_two_processes_recording_recurrent_layers_agree_bit_for_bit(tmp_path: Path) -> None:
     script = tmp_path / "rnn.py"
     script.write_text(LSTM_SCRIPT)
