@@ -99,6 +99,7 @@ def _forwarding_mode() -> type[Any]:
         def __init__(self, recorder: Any) -> None:
             super().__init__()
             self.recorder = recorder
+            self.restores: list[Callable[[], None]] = []
 
         @classmethod
         def _should_skip_dynamo(cls) -> bool:
@@ -109,18 +110,21 @@ def _forwarding_mode() -> type[Any]:
             return False
 
         def __enter__(self) -> Any:
-            self._restore_compile = _compile_eagerly()
+            restore = _compile_eagerly()
             try:
-                return super().__enter__()
+                entered = super().__enter__()
             except BaseException:
-                self._restore_compile()
+                restore()
                 raise
+            self.restores.append(restore)
+            return entered
 
         def __exit__(self, *exc: Any) -> Any:
             try:
                 return super().__exit__(*exc)
             finally:
-                self._restore_compile()
+                if self.restores:
+                    self.restores.pop()()
 
         def __torch_dispatch__(
             self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
@@ -145,16 +149,12 @@ def _compile_eagerly() -> Callable[[], None]:
         before = bool(config.disable)
         config.disable = True
     except Exception:  # a torch build without TorchDynamo: nothing is compiled
-        return _nothing
+        return lambda: None
 
     def restore() -> None:
         config.disable = before
 
     return restore
-
-
-def _nothing() -> None:
-    return None
 
 
 def dispatch_mode(recorder: Any) -> Any:
