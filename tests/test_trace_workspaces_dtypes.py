@@ -164,6 +164,43 @@ def test_code_compiled_with_torch_compile_is_recorded_op_by_op_and_compiles_afte
     assert counter.frame_count == 1  # compiled, not run eagerly
 
 
+COMPILED_LATER = textwrap.dedent(
+    """
+    import os, sys
+    from pathlib import Path
+    import torch, detctx
+    from detctx._compare.format import read_trace
+    assert "torch._dynamo" not in sys.modules
+    path = Path(sys.argv[1])
+    with detctx.recording(path):
+        twice = torch.compile(lambda x: (x * 2).sin(), backend="eager")
+        twice(torch.randn(4))
+    import torch._dynamo.config as config
+    trace = read_trace(path)
+    print(sorted({trace.text(trace.ops[i]["op"]) for i in range(len(trace))}))
+    print(config.disable, os.environ.get("TORCH_COMPILE_DISABLE"))
+    """
+)
+
+
+@pytest.mark.slow
+def test_code_first_compiled_while_recording_runs_eagerly_and_nothing_is_left_changed(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "later.py"
+    script.write_text(COMPILED_LATER)
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "later.trace")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    ops, switches = done.stdout.splitlines()[-2:]
+    assert "'aten::sin'" in ops and "'aten::mul.Tensor'" in ops
+    assert switches == "False None"
+
+
 def test_a_trace_without_ops_compares_with_nothing(tmp_path: Path) -> None:
     empty, full = tmp_path / "empty.trace", tmp_path / "full.trace"
     with detctx.recording(empty):

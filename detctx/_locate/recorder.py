@@ -49,6 +49,7 @@ from detctx._basics import MissingDependencyError
 from detctx._locate.batch import ROW, Batch, meta_number, site, site_number
 from detctx._locate.callsite import UNKNOWN, keep_for_backward, user_line, user_line_in_backward
 from detctx._locate.digest import STAGED
+from detctx._locate.eager import compile_eagerly
 from detctx._locate.modules import ModuleTracker
 from detctx._locate.ops import generator_state, op_info
 from detctx._locate.outputs import (
@@ -106,11 +107,11 @@ def _forwarding_mode() -> type[Any]:
             # Recent torch wraps a mode's __torch_dispatch__ in torch._disable_dynamo
             # unless the mode says no (as torch/utils/_python_dispatch.py documents);
             # the wrapper costs about as much as recording a small op (some 16 us a
-            # dispatch), and nothing is compiled while recording (_compile_eagerly).
+            # dispatch), and nothing is compiled while recording (compile_eagerly).
             return False
 
         def __enter__(self) -> Any:
-            restore = _compile_eagerly()
+            restore = compile_eagerly()
             try:
                 entered = super().__enter__()
             except BaseException:
@@ -132,29 +133,6 @@ def _forwarding_mode() -> type[Any]:
             return self.recorder.dispatch(func, args, kwargs or {})
 
     return ForwardingMode
-
-
-def _compile_eagerly() -> Callable[[], None]:
-    """Have code compiled with ``torch.compile`` run eagerly while recording; what undoes it.
-
-    A recording sees ops one at a time, as eager mode runs them: a compiled graph
-    would run fused kernels it cannot see, and TorchDynamo would trace into the
-    recorder's own code (torch 2.1 fails in its module hooks, 2.13 in the mode).
-    TorchDynamo's ``disable`` switch is set for the recording and put back after;
-    loading TorchDynamo to reach it takes about a second, once per process.
-    """
-    try:
-        import torch._dynamo.config as config
-
-        before = bool(config.disable)
-        config.disable = True
-    except Exception:  # a torch build without TorchDynamo: nothing is compiled
-        return lambda: None
-
-    def restore() -> None:
-        config.disable = before
-
-    return restore
 
 
 def dispatch_mode(recorder: Any) -> Any:
