@@ -9,6 +9,7 @@ at the op where it enters, with both dtypes named.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -236,3 +237,22 @@ def test_a_change_in_a_tensor_holding_minus_inf_is_the_origin_there(
     same = tmp_path / "same.trace"
     _masked_attention(same, 0.25, batch)
     assert detctx.compare_traces(a, same).bitwise
+
+
+def test_the_switch_a_recording_sets_is_not_an_environment_difference(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As in a process that has not loaded TorchDynamo: the recording sets the variable.
+    monkeypatch.delitem(sys.modules, "torch._dynamo.config", raising=False)
+    monkeypatch.delenv("TORCH_COMPILE_DISABLE", raising=False)
+    first = tmp_path / "first.trace"
+    with detctx.recording(first):
+        assert os.environ["TORCH_COMPILE_DISABLE"] == "1"
+        torch.ones(3).add(1)
+    assert "TORCH_COMPILE_DISABLE" not in os.environ
+    monkeypatch.undo()  # TorchDynamo loaded (if this process has): its switch is set
+    second = tmp_path / "second.trace"
+    with detctx.recording(second):
+        torch.ones(3).add(1)
+    assert "env.TORCH_COMPILE_DISABLE" not in read_trace(first).environment
+    assert detctx.compare_traces(first, second).environment_differences == {}

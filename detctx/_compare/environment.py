@@ -20,6 +20,7 @@ import torch
 
 from detctx._basics import SEED_ENV
 from detctx._environment import ENV_SWITCHES
+from detctx._locate import COMPILE_OFF
 
 __all__ = ["environment", "environment_differences", "rank_and_world"]
 
@@ -103,7 +104,7 @@ def environment() -> dict[str, Any]:
         "mkldnn.enabled": bool(backends.mkldnn.enabled),
     }
     for name, value in sorted(os.environ.items()):
-        if name in _NAMED or name.startswith(_PREFIXES):
+        if (name in _NAMED or name.startswith(_PREFIXES)) and name != COMPILE_OFF:
             table[f"env.{name}"] = value[:1024]
     return table
 

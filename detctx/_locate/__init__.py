@@ -15,6 +15,7 @@ from detctx._locate.child import record_until_exit, start_from_environment
 from detctx._locate.digest import NUMPY_DTYPES
 from detctx._locate.digest import digest as tensor_digest
 from detctx._locate.divergence import Divergence, compare_traces
+from detctx._locate.eager import COMPILE_OFF
 from detctx._locate.keys import PUBLIC_KEY
 from detctx._locate.modules import ModuleTracker
 from detctx._locate.ops import op_info
@@ -28,6 +29,7 @@ from detctx._locate.staging import Staging
 # public key: its recordings are compared across processes that share no key), one
 # tensor at a time or many small ones at once.
 __all__ = [
+    "COMPILE_OFF",
     "NUMPY_DTYPES",
     "PUBLIC_KEY",
     "UNKNOWN",

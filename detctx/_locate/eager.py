@@ -7,9 +7,11 @@ import sys
 from collections.abc import Callable
 from typing import Any, Final
 
-__all__ = ["compile_eagerly"]
+__all__ = ["COMPILE_OFF", "compile_eagerly"]
 
-_COMPILE_OFF: Final = "TORCH_COMPILE_DISABLE"
+COMPILE_OFF: Final = "TORCH_COMPILE_DISABLE"
+"""What a recording sets while TorchDynamo is not loaded: not part of the environment it
+records (the recording runs compiled code eagerly whatever the variable says)."""
 
 
 def compile_eagerly() -> Callable[[], None]:
@@ -31,14 +33,14 @@ def compile_eagerly() -> Callable[[], None]:
             config.disable = before
 
         return put_back
-    told = os.environ.get(_COMPILE_OFF)
-    os.environ[_COMPILE_OFF] = "1"
+    told = os.environ.get(COMPILE_OFF)
+    os.environ[COMPILE_OFF] = "1"
 
     def restore() -> None:
         if told is None:
-            os.environ.pop(_COMPILE_OFF, None)
+            os.environ.pop(COMPILE_OFF, None)
         else:
-            os.environ[_COMPILE_OFF] = told
+            os.environ[COMPILE_OFF] = told
         loaded: Any = sys.modules.get("torch._dynamo.config")
         if loaded is not None:  # loaded while recording: as it would have been without
             loaded.disable = told == "1"
