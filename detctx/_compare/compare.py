@@ -194,18 +194,13 @@ def compare_rank(
     atols = np.array(
         [min(table[x][1], table[y][1]) for x, y in zip(dtypes_a, dtypes)], dtype=np.float64
     )
-    retyped = {
-        int(owner_of): (str(x), str(y))
-        for owner_of, x, y in zip(
-            np.repeat(np.arange(len(b)), b.ops["outputs"].astype(np.int64)), dtypes_a, dtypes
-        )
-        if x != y
-    }
+    owner = np.repeat(np.arange(len(b)), b.ops["outputs"].astype(np.int64))
+    changed = np.flatnonzero(dtypes_a != dtypes) if len(b.values) else np.zeros(0, np.int64)
+    retyped = {int(owner[i]): (str(dtypes_a[i]), str(dtypes[i])) for i in changed}
     with np.errstate(invalid="ignore"):
         allowed = (atols * np.sqrt(stats_b[:, 0]) + rtols * np.abs(norm_a)) / scale
     # Equal digests: the op's outputs are the same bits, whatever the sketch's rounding.
     op_partner = alignment.partner
-    owner = np.repeat(np.arange(len(b)), b.ops["outputs"].astype(np.int64))
     paired_owner = op_partner[owner]
     same_bits = (paired_owner >= 0) & ~by_flow
     if same_bits.any():
