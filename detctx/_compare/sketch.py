@@ -221,7 +221,14 @@ def numpy_values(tensor: torch.Tensor) -> np.ndarray | None:
     count = tensor.numel() * (2 if tensor.is_complex() else 1)
     if not 0 < count <= IN_NUMPY:
         return None
-    return np.array(tensor.numpy(force=True), order="C")  # a copy, whatever its strides
+    # The copy is torch's: NumPy never sees the tensor's own memory, which torch 2.13 then
+    # makes non-resizable for good (FSDP2's reshard fails; see _locate's host_copy).
+    values = tensor.detach() if tensor.requires_grad else tensor
+    if values.dtype == torch.bool:
+        values = values.view(torch.uint8)  # a bool copy would make each non-zero byte 1
+    copy = values.clone(memory_format=torch.contiguous_format).numpy(force=True)
+    array = np.asarray(copy, order="C")
+    return array.view(np.bool_) if tensor.dtype == torch.bool else array
 
 
 def estimate_difference(sketch_a: np.ndarray, sketch_b: np.ndarray) -> np.ndarray:

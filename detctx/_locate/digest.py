@@ -80,6 +80,7 @@ __all__ = [
     "STREAM_C",
     "SUMMED",
     "digest",
+    "host_copy",
     "int_matmul",
     "layout_code",
     "layout_halves",
@@ -292,6 +293,24 @@ def _device_sums(data: torch.Tensor, key: DigestKey) -> tuple[int, int]:
     return first & _MASK, second & _MASK
 
 
+def host_copy(tensor: torch.Tensor) -> np.ndarray:
+    """A CPU tensor of a :data:`NUMPY_DTYPES` dtype as a C-ordered NumPy array of a copy made
+    by torch, its conjugate and negative bits resolved.
+
+    NumPy never sees the tensor's own memory: in torch 2.13 ``Tensor.numpy()`` (with
+    ``force=True`` too, and on any view) makes the storage non-resizable for good, and
+    FSDP2, which frees each unsharded parameter with ``untyped_storage().resize_(0)``,
+    then fails in its reshard ("Trying to resize storage that is not resizable";
+    ``t = torch.ones(4); t.numpy(); t.untyped_storage().resize_(0)`` raises it).
+    """
+    values = tensor.detach() if tensor.requires_grad else tensor
+    if values.dtype == torch.bool:
+        # torch's copy of a bool tensor makes each non-zero byte 1; the bytes are kept.
+        return host_copy(values.view(torch.uint8)).view(np.bool_)
+    array = values.clone(memory_format=torch.contiguous_format).numpy(force=True)
+    return array if array.flags.c_contiguous else np.ascontiguousarray(array)
+
+
 def tensor_bytes(tensor: torch.Tensor) -> torch.Tensor:
     """The tensor's elements in logical order as a 1-D uint8 tensor (a copy only if needed)."""
     flat = tensor.detach()
@@ -334,13 +353,11 @@ def digest(
         and tensor.dtype in NUMPY_DTYPES
         and tensor.numel() * tensor.element_size() <= SMALL
     ):
-        # Most ops' outputs: two calls to reach the bytes (numpy(force=True) detaches
-        # and resolves conj/neg; a non-contiguous view is copied, at most SMALL bytes).
-        array = tensor.numpy(force=True)
+        # Most ops' outputs: a copy of at most SMALL bytes, read in NumPy.
+        array = host_copy(tensor)
         if array.nbytes <= _FEW * 8:
             first, second = _few_sums(array.tobytes(), key)
         else:
-            array = np.ascontiguousarray(array)
             first, second = _host_sums(array.reshape(-1).view(np.uint8), key)
         return ((first << 64) | second) ^ layout
     data = tensor_bytes(tensor)
@@ -351,6 +368,8 @@ def digest(
     if on_host is None:
         on_host = data.device.type == "cpu"
     if on_host:
+        if not stage and data.is_cpu:
+            data = data.clone()  # the tensor's own bytes (see host_copy)
         first, second = _host_sums(data.cpu().numpy(), key)
     else:
         first, second = _device_sums(data, key)

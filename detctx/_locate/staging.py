@@ -24,6 +24,7 @@ from detctx._locate.digest import (
     STAGED,
     STREAM_A,
     STREAM_C,
+    host_copy,
     int_matmul,
     layout_halves,
     tensor_bytes,
@@ -37,14 +38,12 @@ CAPACITY: Final = 1 << 22
 
 
 def host_bytes(tensor: torch.Tensor) -> np.ndarray:
-    """A CPU tensor's elements in logical order as a 1-D uint8 array (a copy only if needed)."""
+    """A CPU tensor's elements in logical order as a 1-D uint8 array of a copy (never a NumPy
+    view of the tensor's memory, which torch makes non-resizable: see :func:`host_copy`)."""
     if tensor.dtype in NUMPY_DTYPES:
-        array = tensor.numpy(force=True)
-        if not array.flags.c_contiguous:
-            array = np.ascontiguousarray(array)
-        flat: np.ndarray = array.reshape(-1).view(np.uint8)
+        flat: np.ndarray = host_copy(tensor).reshape(-1).view(np.uint8)
         return flat
-    return tensor_bytes(tensor).numpy()
+    return tensor_bytes(tensor).clone().numpy()
 
 
 def _segment_sums(
