@@ -4,15 +4,23 @@ the origin of the error or inherited it through the data flow.
 **Error.** For each output of B paired with an output of A, the estimated
 relative error is ``||a - b|| / max(||a||, ||b||)``, ``||a - b||`` from the
 sketches (:mod:`detctx._compare.sketch`), the norms exact. Outputs whose
-digests are equal have error 0. A different count of NaNs or Infs is an
-infinite error. An op's error is its outputs' largest.
+digests are equal have error 0. Integer and bool outputs are compared by
+their digests alone: equal bits, or an infinite error. Another shape or
+element count, another number of outputs at paired ops, a different count
+of NaNs or Infs: each is an infinite error at that op (``differences`` says
+which). An op's error is its outputs' largest.
 
 **Pairs.** An op of B paired with an op of A (:mod:`detctx._compare.align`)
 compares output with output. An op without a partner (the math kernel's
 ``bmm`` where A ran the flash kernel) is compared where its value leaves it:
 when a paired op reads it, B's value is compared with the value the partner
 read in A, whichever A op made it. So a module whose ops do not pair is
-still compared at its outputs.
+still compared at its outputs. An unpaired op whose values reach a paired
+op (directly or through other unpaired ops) is *accounted for*: its change
+shows in that op's outputs, which are compared. Any other unpaired op, in A
+or in B (steps one run has and the other has not, a run cut short, an op
+whose result no paired op reads), is *unaccounted*: a difference the
+verdict reports, never "agree".
 
 **Origin or inherited.** An op is *past tolerance* when its estimated error
 ``||a - b||`` exceeds ``atol * sqrt(n) + rtol * ||a||`` (per dtype,
@@ -41,9 +49,9 @@ import numpy as np
 
 from detctx._compare.align import Alignment, align
 from detctx._compare.format import Trace
-from detctx._compare.sketch import SKETCH, STATISTICS, estimate_difference
+from detctx._compare.sketch import STATISTICS, relative_difference
 
-__all__ = ["TOLERANCES", "RankComparison", "compare_rank", "tolerance_of"]
+__all__ = ["TOLERANCES", "RankComparison", "compare_rank", "tolerance_of", "unaccounted"]
 
 TOLERANCES: Final[dict[str, tuple[float, float]]] = {
     "float64": (1e-9, 1e-200),
@@ -74,6 +82,8 @@ hundred times (the zero gradient of attention's key bias); a multiply by 1.003 o
 rounding to bfloat16 (3e-3, 1.7e-3) is 1,000 times and more the noise of 1e-6 it meets
 first in a forward pass."""
 _EXACT: Final = (0.0, 0.0)
+_NAMED: Final = 10_000
+"""At most this many ops a comparison says in words what differs at (shape, outputs)."""
 _TINY: Final = 1e-300
 _S: Final = len(STATISTICS)
 
@@ -102,6 +112,9 @@ class RankComparison:
     at_outputs: np.ndarray  # bool per op of B: compared where its value leaves its module
     bitwise: bool
     retyped: dict[int, tuple[str, str]]  # op of B -> (dtype in A, in B) of an output compared
+    differences: dict[int, str]  # op of B -> what differs besides values (shape, outputs, ...)
+    unaccounted_a: np.ndarray  # bool per op of A: no partner, and no compared value reads it
+    unaccounted_b: np.ndarray  # bool per op of B: likewise
 
 
 def _partners(a: Trace, b: Trace, alignment: Alignment) -> tuple[np.ndarray, np.ndarray]:
@@ -172,21 +185,12 @@ def compare_rank(
     has = partner >= 0
     stats_a = np.zeros_like(stats_b)
     stats_a[has] = a.values["stats"][partner[has]]
-    has &= stats_a[:, 0] == stats_b[:, 0]  # the same number of elements
-    difference = estimate_difference(stats_a[:, _S : _S + SKETCH], stats_b[:, _S : _S + SKETCH])
-    norm_a, norm_b = stats_a[:, 6], stats_b[:, 6]
-    scale = np.maximum(np.maximum(np.abs(norm_a), np.abs(norm_b)), _TINY)
-    with np.errstate(invalid="ignore"):
-        error = np.where(has, difference / scale, np.nan)
-        nonfinite = (stats_a[:, 1:3] != stats_b[:, 1:3]).any(axis=1)
-        error[has & nonfinite] = np.inf
+    error = np.where(has, relative_difference(stats_a, stats_b), np.nan)
     # An output compared with one of another dtype takes the stricter tolerance: a float32
     # value that B computes in bfloat16 (autocast on one side) is a change, not noise.
-    dtypes = np.array(b.strings, dtype=object)[b.values["dtype"]] if len(b.values) else []
-    dtypes_a = dtypes.copy() if len(b.values) else dtypes
-    if len(b.values) and has.any():
-        names_a = np.array(a.strings, dtype=object)[a.values["dtype"]]
-        dtypes_a[has] = names_a[partner[has]]
+    dtypes = _texts(b, b.values["dtype"])
+    dtypes_a = dtypes.copy()
+    dtypes_a[has] = _texts(a, a.values["dtype"][partner[has]])
     table = {name: tolerance_of(name, rtol, atol) for name in {*dtypes, *dtypes_a}}
     rtols = np.array(
         [min(table[x][0], table[y][0]) for x, y in zip(dtypes_a, dtypes)], dtype=np.float64
@@ -195,19 +199,44 @@ def compare_rank(
         [min(table[x][1], table[y][1]) for x, y in zip(dtypes_a, dtypes)], dtype=np.float64
     )
     owner = np.repeat(np.arange(len(b)), b.ops["outputs"].astype(np.int64))
-    changed = np.flatnonzero(dtypes_a != dtypes) if len(b.values) else np.zeros(0, np.int64)
+    changed = np.flatnonzero(dtypes_a != dtypes)
     retyped = {int(owner[i]): (str(dtypes_a[i]), str(dtypes[i])) for i in changed}
+    norm_a, norm_b = stats_a[:, 6], stats_b[:, 6]
+    scale = np.maximum(np.maximum(np.abs(norm_a), np.abs(norm_b)), _TINY)
     with np.errstate(invalid="ignore"):
         allowed = (atols * np.sqrt(stats_b[:, 0]) + rtols * np.abs(norm_a)) / scale
-    # Equal digests: the op's outputs are the same bits, whatever the sketch's rounding.
-    op_partner = alignment.partner
-    paired_owner = op_partner[owner]
-    same_bits = (paired_owner >= 0) & ~by_flow
-    if same_bits.any():
-        ops_a = a.ops[np.maximum(paired_owner, 0)]
-        ops_b = b.ops[owner]
-        same_bits &= (ops_a["high"] == ops_b["high"]) & (ops_a["low"] == ops_b["low"])
-    error[same_bits & has] = 0.0
+    # Equal digests: the same bits, whatever the sketch's rounding (0: not read).
+    high_b, low_b = b.values["high"], b.values["low"]
+    high_a, low_a = np.zeros_like(high_b), np.zeros_like(low_b)
+    high_a[has], low_a[has] = a.values["high"][partner[has]], a.values["low"][partner[has]]
+    known = has & ((high_b != 0) | (low_b != 0))
+    same_bits = known & (high_a == high_b) & (low_a == low_b)
+    differences: dict[int, str] = {}
+    # Integer and bool outputs: their bits decide.
+    exact = has & (rtols == 0)
+    error[exact] = np.where(same_bits[exact], 0.0, np.inf)
+    for index in np.flatnonzero(exact & ~same_bits)[:_NAMED]:
+        differences.setdefault(int(owner[index]), f"{dtypes[index]} values differ")
+    with np.errstate(invalid="ignore"):
+        nonfinite = has & (stats_a[:, 1:3] != stats_b[:, 1:3]).any(axis=1)
+    error[nonfinite] = np.inf
+    for index in np.flatnonzero(nonfinite)[:_NAMED]:
+        differences.setdefault(
+            int(owner[index]),
+            f"NaN and Inf counts {int(stats_a[index, 1])} and {int(stats_a[index, 2])} in A, "
+            f"{int(stats_b[index, 1])} and {int(stats_b[index, 2])} in B",
+        )
+    # Another shape or element count at a paired op (values met through the data flow
+    # were paired only where their shapes hold the same elements in the same order).
+    direct = has & ~by_flow
+    shapes_b = _texts(b, b.values["shape"])
+    shapes_a = shapes_b.copy()
+    shapes_a[has] = _texts(a, a.values["shape"][partner[has]])
+    reshaped = direct & ((shapes_a != shapes_b) | (stats_a[:, 0] != stats_b[:, 0]))
+    error[reshaped] = np.inf
+    for index in np.flatnonzero(reshaped)[:_NAMED]:
+        differences[int(owner[index])] = f"shape {shapes_a[index]} in A, {shapes_b[index]} in B"
+    error[same_bits & ~reshaped] = 0.0
     with np.errstate(invalid="ignore"):
         over = has & (error > allowed)
     op_error, op_tolerance = _per_op(b, error, allowed)
@@ -215,6 +244,17 @@ def compare_rank(
     np.logical_or.at(past, owner, over)
     estimated = np.zeros(len(b), dtype=bool)
     np.logical_or.at(estimated, owner, has)
+    # Another number of outputs at a paired op: none of its outputs was paired.
+    op_partner = alignment.partner
+    paired = np.flatnonzero(op_partner >= 0)
+    recounted = paired[b.ops["outputs"][paired] != a.ops["outputs"][op_partner[paired]]]
+    op_error[recounted] = np.inf
+    past[recounted] = estimated[recounted] = True
+    for index in recounted[:_NAMED].tolist():
+        differences[index] = (
+            f"{int(a.ops['outputs'][op_partner[index]])} outputs in A, "
+            f"{int(b.ops['outputs'][index])} in B"
+        )
     at_outputs = np.zeros(len(b), dtype=bool)
     np.logical_or.at(at_outputs, owner, by_flow & has)
     origin, input_error = _origins(b, op_error, past, estimated)
@@ -224,6 +264,7 @@ def compare_rank(
         and bool((a.ops["high"][op_partner] == b.ops["high"]).all())
         and bool((a.ops["low"][op_partner] == b.ops["low"]).all())
     )
+    lonely_a, lonely_b = unaccounted(a, b, op_partner)
     return RankComparison(
         rank,
         a,
@@ -237,7 +278,42 @@ def compare_rank(
         at_outputs,
         bitwise,
         retyped,
+        differences,
+        lonely_a,
+        lonely_b,
     )
+
+
+def _texts(trace: Trace, numbers: np.ndarray) -> np.ndarray:
+    """The strings ``numbers`` name in ``trace``, as an object array."""
+    table = np.array(trace.strings, dtype=object)
+    return table[numbers] if len(numbers) else np.zeros(0, dtype=object)
+
+
+def unaccounted(a: Trace, b: Trace, op_partner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per op of A and of B: it has no partner, and none of its values reaches a paired op
+    (directly or through other unpaired ops), whose compared outputs would show it."""
+    paired_b = op_partner >= 0
+    paired_a = np.zeros(len(a), dtype=bool)
+    paired_a[op_partner[paired_b]] = True
+    return _spread(a, paired_a), _spread(b, paired_b)
+
+
+def _spread(trace: Trace, paired: np.ndarray) -> np.ndarray:
+    """Unpaired ops whose values reach no paired op: from the last op back, an unpaired op
+    that reaches one passes that on to the ops that made its inputs."""
+    producers = trace.inputs["op"]
+    starts = trace.first_input
+    reach = np.zeros(len(trace), dtype=bool)
+    readers = np.repeat(paired, trace.ops["inputs"].astype(np.int64))
+    made = producers[readers]
+    reach[made[made >= 0]] = True
+    for op in np.flatnonzero(~paired)[::-1].tolist():
+        if reach[op]:
+            made = producers[starts[op] : starts[op + 1]]
+            reach[made[made >= 0]] = True
+    lonely: np.ndarray = ~paired & ~reach
+    return lonely
 
 
 def _per_op(b: Trace, error: np.ndarray, allowed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -271,6 +347,6 @@ def _origins(
             received[index] = max(carried[p] for p in made)
             if not estimated[index]:
                 carried[index] = received[index]
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore", over="ignore"):
         origin = past & (error > GROWTH * received)
     return origin, received

@@ -5,6 +5,15 @@ Ranks of one run execute the same program in step, so among the ranks'
 origins the one at the lowest op index came first (a tie goes to the lower
 rank): a rank whose values changed makes its collectives hand the change to
 the others, where it shows later.
+
+**What "agree" means.** Both runs hold the same ranks and ran to their end;
+every op of each trace was compared with a partner or is accounted for
+through the data flow (:mod:`detctx._compare.compare`); and every compared
+output is within tolerance. Anything else is reported and the verdict is
+"differ": steps or ops one run has and the other has not (named, with where
+they are), a run that raised or was cut short, ranks one run lacks. A folder
+whose traces do not form one run (a rank file missing for the world size
+its headers state, ranks of two recordings mixed) is refused.
 """
 
 from __future__ import annotations
@@ -16,12 +25,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+import numpy as np
+
 from detctx._basics import TraceError
 from detctx._compare.compare import RankComparison, compare_rank
 from detctx._compare.environment import environment_differences
-from detctx._compare.format import Trace, read_trace
+from detctx._compare.format import COMPLETED, UNSHARED, Trace, read_trace
 
 __all__ = ["TraceComparison", "compare_traces", "read_run"]
+
+_SHOWN_MODULES: Final = 5
 
 _RANK_FILE: Final = re.compile(r"rank(0|[1-9][0-9]{0,5})\.trace")
 MIN_ALIGNED: Final = 0.5
@@ -47,7 +60,34 @@ def read_run(path: str | os.PathLike[str]) -> dict[int, Trace]:
         traces[int(match.group(1))] = trace
     if not traces:
         raise TraceError(f"{path} holds no rank<N>.trace files")
+    _check_one_run(path, traces)
     return traces
+
+
+def _check_one_run(path: Path, traces: dict[int, Trace]) -> None:
+    """A folder's traces are the ranks of one recorded run, all of them."""
+    runs = {trace.header["run"] for trace in traces.values()}
+    if len(runs) > 1:
+        by_run = {
+            run: sorted(r for r, trace in traces.items() if trace.header["run"] == run)
+            for run in sorted(runs)
+        }
+        described = "; ".join(f"ranks {ranks} of run {run}" for run, ranks in by_run.items())
+        raise TraceError(
+            f"{path} mixes the traces of several recorded runs ({described}): compare the "
+            "ranks of one run with another's; record again into an empty folder"
+        )
+    worlds = {trace.header["world_size"] for trace in traces.values()}
+    if len(worlds) > 1:
+        raise TraceError(f"{path} holds traces of world sizes {sorted(worlds)}: not one run")
+    (world,) = worlds
+    missing = sorted(set(range(world)) - set(traces))
+    if missing or len(traces) != world:
+        raise TraceError(
+            f"{path} holds the traces of ranks {sorted(traces)} of a run of {world} ranks: "
+            f"rank{missing[0] if missing else ''}.trace is missing; a run is compared with "
+            "all its ranks (give one rank's file to compare that rank alone)"
+        )
 
 
 def _entry(rank: RankComparison, index: int) -> dict[str, Any]:
@@ -67,7 +107,49 @@ def _entry(rank: RankComparison, index: int) -> dict[str, Any]:
         "kind": "origin" if rank.origin[index] else "inherited",
         "compared_at_outputs": bool(rank.at_outputs[index]),
         "dtypes": list(rank.retyped[index]) if index in rank.retyped else None,
+        "difference": rank.differences.get(index),
     }
+
+
+def _unpaired(rank: RankComparison) -> list[dict[str, Any]]:
+    """Runs of consecutive unaccounted ops, in A and in B, with where they are."""
+    entries = []
+    for side, trace, lonely in (
+        ("A", rank.a, rank.unaccounted_a),
+        ("B", rank.b, rank.unaccounted_b),
+    ):
+        indices = np.flatnonzero(lonely)
+        if not len(indices):
+            continue
+        paired_here = (
+            np.flatnonzero(rank.alignment.partner >= 0)
+            if side == "B"
+            else rank.alignment.partner[rank.alignment.partner >= 0]
+        )
+        last_paired = int(paired_here.max()) if len(paired_here) else -1
+        breaks = np.flatnonzero(np.diff(indices) != 1) + 1
+        for run in np.split(indices, breaks):
+            first, last = int(run[0]), int(run[-1])
+            modules = list(
+                dict.fromkeys(
+                    trace.text(module) or "(no module)"
+                    for module in trace.ops["module"][run].tolist()
+                )
+            )
+            entries.append(
+                {
+                    "rank": rank.rank,
+                    "trace": side,
+                    "first": first,
+                    "last": last,
+                    "ops": len(run),
+                    "op": trace.text(trace.ops["op"][first]),
+                    "source": trace.text(trace.ops["source"][first]),
+                    "modules": modules[:_SHOWN_MODULES],
+                    "at_end": first > last_paired,
+                }
+            )
+    return entries
 
 
 def _finite(value: float) -> float | str:
@@ -79,11 +161,17 @@ def _finite(value: float) -> float | str:
 class TraceComparison:
     """Two recorded runs compared within tolerance.
 
-    ``agree``: every op within tolerance; ``bitwise``: every digest equal;
-    ``origin``: the first op whose error its inputs do not explain (``None`` when
-    none is past tolerance); ``past_tolerance``: every op past tolerance, each
-    ``kind`` ``"origin"`` or ``"inherited"``; ``environment_differences``:
-    ``name -> [value in A, value in B]``.
+    ``agree``: the same ranks, both runs ran to their end, every op compared or accounted
+    for, and every op within tolerance; ``bitwise``: besides, every digest equal;
+    ``origin``: the first op whose error its inputs do not explain (``None`` when none is
+    past tolerance); ``past_tolerance``: every op past tolerance, each ``kind``
+    ``"origin"`` or ``"inherited"`` (``difference`` says what differs besides values:
+    shape, number of outputs); ``unpaired``: runs of ops one trace has and the other has
+    not, that no compared value reads (``trace`` ``"A"`` or ``"B"``, ``first``..``last``
+    their indices, ``at_end`` after the other trace's last paired op);
+    ``not_completed``: ``"A"``/``"B"`` -> how a run that did not run to its end ended;
+    ``ranks_only``: ``"A"``/``"B"`` -> ranks the other run lacks;
+    ``environment_differences``: ``name -> [value in A, value in B]``.
     """
 
     a: str
@@ -93,8 +181,12 @@ class TraceComparison:
     bitwise: bool = True
     origin: dict[str, Any] | None = None
     past_tolerance: list[dict[str, Any]] = field(default_factory=list)
+    unpaired: list[dict[str, Any]] = field(default_factory=list)
+    not_completed: dict[str, str] = field(default_factory=dict)
+    ranks_only: dict[str, list[int]] = field(default_factory=dict)
     environment_differences: dict[str, list[Any]] = field(default_factory=dict)
     partial_alignment: list[dict[str, Any]] = field(default_factory=list)
+    modules_only: dict[str, list[str]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -106,8 +198,12 @@ class TraceComparison:
             "bitwise": self.bitwise,
             "origin": self.origin,
             "past_tolerance": self.past_tolerance,
+            "unpaired": self.unpaired,
+            "not_completed": self.not_completed,
+            "ranks_only": self.ranks_only,
             "environment_differences": self.environment_differences,
             "partial_alignment": self.partial_alignment,
+            "modules_only": self.modules_only,
             "ops": [
                 {"rank": r.rank, "a": len(r.a), "b": len(r.b), "aligned": r.alignment.aligned}
                 for r in self.ranks
@@ -129,6 +225,8 @@ class TraceComparison:
                 f"({'backward' if entry['backward'] else 'forward'}): {entry['aligned']} of "
                 f"{entry['ops_a']} ops in A and {entry['ops_b']} in B pair; compared at its outputs"
             )
+        for side, modules in self.modules_only.items():
+            lines.append(f"  modules only in {side}: {', '.join(modules[:_SHOWN_MODULES])}")
         if self.environment_differences:
             lines.append("environment differences (A -> B):")
             lines += [
@@ -136,40 +234,79 @@ class TraceComparison:
                 for name, values in self.environment_differences.items()
             ]
         lines += [f"note: {note}" for note in self.notes]
+        lines += self._what_differs(shown)
         if self.bitwise:
             lines.append("traces AGREE bit for bit: every op produced the same bits.")
         elif self.agree:
             lines.append("traces AGREE within tolerance (not bit for bit).")
         else:
-            origin = self.origin
-            lines.append(f"traces DIFFER: {len(self.past_tolerance)} ops past tolerance.")
-            if origin is None:
-                lines.append(
-                    "no origin: every op past tolerance inherited its error from its inputs "
-                    "(the error grew op by op, as rounding noise does, rather than entering at "
-                    "one op)"
-                )
-            else:
-                lines.append(
-                    f"origin: rank {origin['rank']}, op {origin['index']} {origin['op']} in "
-                    f"{origin['module_path'] or '(no module)'} ({origin['source']}): error "
-                    f"{_number(origin['error'])}, tolerance {_number(origin['tolerance'])}; "
-                    f"its inputs' largest error {_number(origin['input_error'])}"
-                    + (
-                        f"; {origin['dtypes'][0]} in A, {origin['dtypes'][1]} in B"
-                        if origin["dtypes"]
-                        else ""
-                    )
-                )
-            for entry in self.past_tolerance[:shown]:
-                lines.append(
-                    f"  {entry['kind']:9} rank {entry['rank']} op {entry['index']} {entry['op']} "
-                    f"{entry['module_path'] or '(no module)'} {entry['source']} error "
-                    f"{_number(entry['error'])}"
-                )
-            if len(self.past_tolerance) > shown:
-                lines.append(f"  ... {len(self.past_tolerance) - shown} more (--json lists all)")
+            lines.append(f"traces DIFFER: {self._reasons()}.")
         return "\n".join(lines)
+
+    def _reasons(self) -> str:
+        reasons = []
+        reasons += [f"{side}'s run did not run to its end" for side in self.not_completed]
+        if self.ranks_only:
+            reasons.append("the runs hold other ranks")
+        if self.unpaired:
+            ops = sum(entry["ops"] for entry in self.unpaired)
+            reasons.append(f"{ops} ops in one trace only")
+        if self.past_tolerance:
+            reasons.append(f"{len(self.past_tolerance)} ops past tolerance")
+        return ", ".join(reasons)
+
+    def _what_differs(self, shown: int) -> list[str]:
+        lines = []
+        for side, outcome in self.not_completed.items():
+            lines.append(f"{side}'s run did not run to its end: {outcome}")
+        for side, ranks in self.ranks_only.items():
+            lines.append(f"ranks only {side} has, not compared: {ranks}")
+        for entry in self.unpaired[:shown]:
+            where = (
+                f"at the end of {entry['trace']} (the other run stops before them: fewer "
+                "steps, or cut short)"
+                if entry["at_end"]
+                else "that no compared value reads"
+            )
+            lines.append(
+                f"only in {entry['trace']}: rank {entry['rank']} ops {entry['first']}.."
+                f"{entry['last']} ({entry['ops']} ops, from {entry['op']} at "
+                f"{entry['source']}) in {', '.join(entry['modules'])}, {where}"
+            )
+        if len(self.unpaired) > shown:
+            lines.append(f"  ... {len(self.unpaired) - shown} more runs of ops (--json lists all)")
+        if not self.past_tolerance:
+            return lines
+        origin = self.origin
+        if origin is None:
+            lines.append(
+                "no origin: every op past tolerance inherited its error from its inputs "
+                "(the error grew op by op, as rounding noise does, rather than entering at "
+                "one op)"
+            )
+        else:
+            lines.append(
+                f"origin: rank {origin['rank']}, op {origin['index']} {origin['op']} in "
+                f"{origin['module_path'] or '(no module)'} ({origin['source']}): error "
+                f"{_number(origin['error'])}, tolerance {_number(origin['tolerance'])}; "
+                f"its inputs' largest error {_number(origin['input_error'])}"
+                + (
+                    f"; {origin['dtypes'][0]} in A, {origin['dtypes'][1]} in B"
+                    if origin["dtypes"]
+                    else ""
+                )
+                + (f"; {origin['difference']}" if origin["difference"] else "")
+            )
+        for entry in self.past_tolerance[:shown]:
+            lines.append(
+                f"  {entry['kind']:9} rank {entry['rank']} op {entry['index']} {entry['op']} "
+                f"{entry['module_path'] or '(no module)'} {entry['source']} error "
+                f"{_number(entry['error'])}"
+                + (f" ({entry['difference']})" if entry["difference"] else "")
+            )
+        if len(self.past_tolerance) > shown:
+            lines.append(f"  ... {len(self.past_tolerance) - shown} more (--json lists all)")
+        return lines
 
 
 def _number(value: Any) -> str:
@@ -186,17 +323,34 @@ def compare_traces(
 
     ``rtol``/``atol`` replace every float dtype's defaults. Raises
     :class:`~detctx.TraceError` when they cannot be compared: a file that is not a whole
-    trace, or traces of different programs.
+    trace, a folder that is not all the ranks of one run, traces of different programs.
     """
     for value, name in ((rtol, "rtol"), (atol, "atol")):
         if value is not None and not (math.isfinite(value) and value >= 0):
             raise ValueError(f"{name} must be a finite number >= 0, not {value!r}")
     run_a, run_b = read_run(a), read_run(b)
     result = TraceComparison(str(a), str(b), [])
-    if set(run_a) != set(run_b):
-        result.notes.append(
-            f"A has ranks {sorted(run_a)}, B has {sorted(run_b)}: the ranks both have are compared"
-        )
+    for side, run in (("A", run_a), ("B", run_b)):
+        only = sorted(set(run) - set(run_a if side == "B" else run_b))
+        if only:
+            result.ranks_only[side] = only
+        for trace in run.values():
+            if trace.outcome != COMPLETED:
+                ended = f"rank {trace.header['rank']} {trace.outcome}"
+                result.not_completed.setdefault(side, ended)
+        worlds = {trace.header["world_size"] for trace in run.values()}
+        if len(run) == 1 and max(worlds) > 1:
+            (rank,) = run
+            result.notes.append(
+                f"{side} is rank {rank} of a run of {max(worlds)} ranks: that rank alone is "
+                "compared"
+            )
+        if len(run) > 1 and any(trace.header["run"] == UNSHARED for trace in run.values()):
+            result.notes.append(
+                f"{side}'s traces carry no shared run identity (recorded without detctx "
+                "record, a process group or a torchrun run id): that they are one run's ranks "
+                "was not checked"
+            )
     common = sorted(set(run_a) & set(run_b))
     if not common:
         raise TraceError(f"{a} and {b} have no rank in common")
@@ -222,10 +376,20 @@ def compare_traces(
         result.partial_alignment += [
             {"rank": rank, **vars(entry)} for entry in compared.alignment.partial
         ]
-    result.bitwise = all(r.bitwise for r in result.ranks) and set(run_a) == set(run_b)
+        for side, modules in (
+            ("A", compared.alignment.unmatched_modules_a),
+            ("B", compared.alignment.unmatched_modules_b),
+        ):
+            known = result.modules_only.setdefault(side, [])
+            known += [module or "(no module)" for module in modules if module not in known]
+        result.unpaired += _unpaired(compared)
+    result.modules_only = {side: found for side, found in result.modules_only.items() if found}
     for compared in result.ranks:
         result.past_tolerance += [_entry(compared, int(i)) for i in compared.past.nonzero()[0]]
-    result.agree = not result.past_tolerance
+    result.agree = not (
+        result.past_tolerance or result.unpaired or result.not_completed or result.ranks_only
+    )
+    result.bitwise = result.agree and all(r.bitwise for r in result.ranks)
     origins = [entry for entry in result.past_tolerance if entry["kind"] == "origin"]
     if origins:
         result.origin = min(origins, key=lambda entry: (entry["index"], entry["rank"]))

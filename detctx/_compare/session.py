@@ -4,32 +4,86 @@ One process writes one trace. Under torchrun (``$WORLD_SIZE`` above 1, or an
 initialised process group of several ranks) ``path`` is a folder and each
 rank writes ``rank<N>.trace`` into it, so the traces of one run compare
 rank by rank with another's.
+
+Each trace names the run it belongs to (:func:`run_identity`), so a folder
+that mixes the ranks of two runs is refused, and says how the recorded block
+ended: ran to its end, or what it raised (a trace of a run that failed never
+agrees with anything).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
+import torch
+
 from detctx._compare.environment import environment, rank_and_world
-from detctx._compare.format import TraceWriter
+from detctx._compare.format import COMPLETED, UNSHARED, TraceWriter
 from detctx._compare.recorder import StatisticsRecorder
 from detctx._locate import record_until_exit
 
-__all__ = ["RECORD_ENV", "recording", "start_from_environment"]
+__all__ = ["RECORD_ENV", "RUN_ENV", "recording", "run_identity", "start_from_environment"]
 
 RECORD_ENV: Final = "DETCTX_RECORD_DIR"
 """The folder ``detctx record`` has each process of its command record into."""
+RUN_ENV: Final = "DETCTX_RECORD_RUN"
+"""The run identity ``detctx record`` hands every process of its command."""
+_TORCHELASTIC_ID: Final = "TORCHELASTIC_RUN_ID"
 
 
-def _open(path: Path, rank: int, world: int) -> TraceWriter:
+def _well_formed(text: str) -> bool:
+    return 0 < len(text) <= 64 and text.isascii() and text.isprintable()
+
+
+def run_identity(world: int) -> str:
+    """The identity every rank of this run writes in its trace's header.
+
+    In order: ``$DETCTX_RECORD_RUN`` (``detctx record`` sets it for every process it
+    starts); rank 0's random identity, broadcast when a process group of ``world`` ranks
+    is initialised as the recording starts; torchrun's run id (``--standalone`` draws
+    one per run; ``--rdzv-id`` names it) with its restart count; a fresh random one for a
+    single process. A rank with none of these writes :data:`UNSHARED`, and the compare
+    says that the folder's traces could not be checked to come from one run.
+    """
+    given = os.environ.get(RUN_ENV, "")
+    if _well_formed(given):
+        return given
+    if world == 1:
+        return secrets.token_hex(16)
+    distributed = getattr(torch, "distributed", None)
+    if distributed is not None and distributed.is_available() and distributed.is_initialized():
+        if distributed.get_world_size() == world:
+            shared = [secrets.token_hex(16)]
+            distributed.broadcast_object_list(shared, src=0)
+            if isinstance(shared[0], str) and _well_formed(shared[0]):
+                return shared[0]
+    elastic = os.environ.get(_TORCHELASTIC_ID, "")
+    if elastic and elastic != "none":
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        identity = f"torchrun {elastic} restart {restart}"
+        if _well_formed(identity):
+            return identity
+    return UNSHARED
+
+
+def _open(path: Path, rank: int, world: int, run: str) -> TraceWriter:
     return TraceWriter(
-        path, lambda: {"environment": environment(), "rank": rank, "world_size": world}
+        path,
+        lambda: {"environment": environment(), "rank": rank, "run": run, "world_size": world},
     )
+
+
+def _outcome(error: BaseException) -> str:
+    """How a recorded block that raised ``error`` ended, as its trace says it."""
+    text = f"raised {type(error).__name__}"
+    detail = str(error).splitlines()[0] if str(error) else ""
+    return f"{text}: {detail}" if detail else text
 
 
 def trace_path(path: str | os.PathLike[str]) -> Path:
@@ -61,17 +115,22 @@ def recording(path: str | os.PathLike[str]) -> Iterator[Path]:
     """
     target = trace_path(path)
     rank, world = rank_and_world()
+    run = run_identity(world)
     target.unlink(missing_ok=True)
-    writer = _open(target, rank, world)
+    writer = _open(target, rank, world, run)
     recorder = StatisticsRecorder(writer)
+    outcome = COMPLETED
     try:
         recorder.start()
         try:
             yield target
+        except BaseException as error:
+            outcome = _outcome(error)
+            raise
         finally:
             recorder.stop()
     finally:
-        writer.close()
+        writer.close(outcome)
 
 
 def start_from_environment() -> bool:
@@ -88,11 +147,25 @@ def start_from_environment() -> bool:
     rank, world = rank_and_world()
     name = f"rank{rank}.trace" if world > 1 else "main.trace"
     try:
-        writer = _open(Path(folder) / name, rank, world)
+        writer = _open(Path(folder) / name, rank, world, run_identity(world))
     except FileExistsError:
         return False
     except OSError as exc:
         sys.stderr.write(f"detctx: not recording this process: {exc.strerror or exc}\n")
         return False
-    record_until_exit(StatisticsRecorder(writer), writer)
+    record_until_exit(StatisticsRecorder(writer), _ClosedAtExit(writer))
     return True
+
+
+class _ClosedAtExit:
+    """Closes a whole process's trace with how the process ended: an exception the
+    interpreter printed (``sys.last_exc``, ``sys.last_value`` before Python 3.12) or its end.
+    An exit status other than 0 without one (``sys.exit(1)``) is not seen here; ``detctx
+    record`` marks the traces of a command that exited so."""
+
+    def __init__(self, writer: TraceWriter) -> None:
+        self.writer = writer
+
+    def close(self) -> None:
+        error = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+        self.writer.close(_outcome(error) if isinstance(error, BaseException) else COMPLETED)

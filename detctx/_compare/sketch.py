@@ -1,64 +1,83 @@
 """Per-output statistics and a sketch from which two runs' relative error is estimated.
 
 Every recorded output gets a fixed-size row of float64 numbers
-(:data:`STATISTICS` names them): its element count, NaN and Inf counts,
-min, max, mean, L2 norm, and a sketch of :data:`SKETCH` numbers.
+(:data:`STATISTICS` names them): its element count, NaN and Inf counts, the
+min, max and mean of its finite values, their L2 norm, and a sketch of
+:data:`SKETCH` numbers.
 
 **The sketch.** The output, read in logical order as ``n`` numbers (padded
 with zeros to a multiple of :data:`COLUMNS`), is laid out as a matrix ``X``
-of ``n / COLUMNS`` rows and :data:`COLUMNS` columns, and multiplied by a
-fixed matrix ``S`` of :data:`SIGNS` rows of random signs (+1 or -1, one per
-row of ``X`` and sign row, from a position hash, so every machine, torch and
-NumPy release draws the same): the sketch is ``S @ X``, ``SIGNS x COLUMNS``
-numbers. It is linear, so the sketch of A's output minus the sketch of B's
-is the sketch of the difference ``d = a - b``, and
+of ``n / COLUMNS`` rows and :data:`COLUMNS` columns. Each of :data:`SIGNS`
+*repeats* ``k`` multiplies ``X`` by a row of random signs ``s_k`` (one per
+row of ``X``) and the resulting row of :data:`COLUMNS` sums by a
+``COLUMNS x FOLDS`` matrix of random signs ``T_k``: ``Z_k = (s_k @ X) @ T_k``,
+:data:`FOLDS` numbers. The sketch is the ``SIGNS x FOLDS`` numbers ``Z``,
+divided by the output's norm. Every sign is drawn from a hash of
+:data:`KEY` and its place (repeat and row, or repeat, column and fold), so
+every machine, torch and NumPy release draws the same. Element ``(r, c)``
+enters every number of repeat ``k`` with the sign ``s_k[r] * T_k[c, j]``. It
+is linear, so A's sketch minus B's is the sketch of the difference
+``d = a - b``, and
 
-    ||d||^2  ~  (1 / SIGNS) * sum((sketch_A - sketch_B)^2)
+    ||d||^2  ~  sum((Z_A - Z_B)^2) / (SIGNS * FOLDS)
 
-is an unbiased estimate for any ``d``: each number is ``sum_r s_r d[r, j]``,
-whose square has expectation ``sum_r d[r, j]^2`` for independent signs.
+is an unbiased estimate for any ``d``.
+
+**What it sees.** Two elements of ``X`` enter a repeat with independent
+signs unless they share a row (then ``T_k`` tells them apart: ``FOLDS``
+independent signs) or a column (then ``s_k``: one). So a difference in two
+elements, the hardest few-element case (two values swapped, one moved),
+shows in about half the repeats at least, and its estimate is below a
+third of its size only when at most one of the ``SIGNS`` repeats sees it:
+probability ``(SIGNS + 1) / 2**SIGNS = 2**-21.2``; a difference spread over
+rows is seen in every repeat. The probability is over the key: a
+difference made to fit the public key can hide, one that arises in a
+program cannot. ``tests/test_trace_verdict.py`` swaps 2,000 pairs and
+every pair of rows of an output. Integer and bool outputs do not rest on
+this: they are compared by their digests, bit for bit.
 
 **How accurate.** The squared estimate's relative standard deviation is
-``sqrt(2 / SIGNS) = 0.71`` in the worst case (a difference that is the same
-in every column, so the columns are one sample), and about
-``sqrt(2 / (SIGNS * COLUMNS)) = 0.18`` for a difference spread over many
-elements without such structure (rounding noise, a scaled tensor, a changed
-kernel); the norm, a square root, is within about 9% then, and within a
-factor of 3 in all but about 2 cases in 100 even in the worst case (the
-chance that a chi-square of 4 degrees falls below 4/9; the tests check
-both on drawn differences). That is enough for what it decides: whether an
-error is above or below a tolerance that sits orders of magnitude from both
-kernel noise and a real change (see :data:`detctx._compare.compare.TOLERANCES`).
+about ``sqrt(2 / (SIGNS * FOLDS)) = 0.14`` for a difference spread over
+many elements (rounding noise, a scaled tensor, a changed kernel), so the
+norm is within about 7%; the tests check it on drawn differences. That is
+enough for what it decides: whether an error is above or below a tolerance
+that sits orders of magnitude from both kernel noise and a real change (see
+:data:`detctx._compare.compare.TOLERANCES`).
+
+**Ranges.** The norm and the sketch are measured on the output scaled by a
+power of two (exact) whenever its largest magnitude lies outside
+``2**-40 .. 2**40`` (``2**-400 .. 2**400`` on the float64 NumPy path), then
+scaled back in float64: no finite value overflows or underflows them, so
+20,000 values near 1e20 are compared as any others. The sketch is stored
+divided by the norm; the compare needs only the ratio.
+
 Float32 outputs of more than :data:`IN_NUMPY` numbers are sketched in
-float32 (BLAS sums): the sketch's own rounding, about ``2**-24`` of the
-column norms, is below every float32 tolerance; smaller outputs (most ops'
-outputs by count) are summarised in float64 NumPy, many at a time
-(:func:`small_rows`), each sum running over one output's numbers in order. Which of the two an
-output takes depends only on its device, dtype and size, so equal bits give
-equal sketches on one machine; the tolerance comparison never rests on
-differences that small. Bitwise equality is decided by the digest, not by
+float32 (one BLAS product, ``(SIGNS + 1) x rows`` by ``rows x COLUMNS``):
+its own rounding, about ``2**-24`` of the column norms, is below every
+float32 tolerance; smaller outputs (most ops' outputs by count) are
+summarised in float64 NumPy, many at a time (:func:`small_rows`), each sum
+running over one output's numbers alone. Which of the two an output takes
+depends only on its device, dtype and size, so equal bits give equal
+sketches on one machine; bitwise equality is decided by the digest, not by
 the sketch.
 
 **NaN and Inf.** An output holding them (an attention mask of ``-inf``) is
-counted (NaN, Inf), and its mean, norm and sketch are those of its finite
-values, the others taken as zeros: a difference among its finite values
-shows as in any other output, one in where the NaN and Inf lie does not
-(only their counts are compared). Min and max are over all its values.
+counted (NaN, Inf), and its min, max, mean, norm and sketch are those of its
+finite values (in the sketch, the others taken as zeros; all zero when it
+has none): a difference among its finite values shows as in any other
+output, one in where the NaN and Inf lie does not (only their counts are
+compared).
 
-**What it cannot see.** A difference confined to a few elements whose
-signs happen to cancel in every row of ``S`` (probability ``2**-SIGNS`` for
-one element; none for a single element, whose change always shows), and
-anything about *where* in the tensor the difference lies.
-
-Cost: one small matrix product (0.6 to 1.2 ms for 2 million float32 numbers
-on one CPU core, two to four times an elementwise multiply), ``aminmax`` and
-a norm: three reads of the output; some ten microseconds for a small output
-summarised with others.
+Cost: one matrix product of ``SIGNS + 1`` multiply-adds an element (about
+1.7 ms for 2 million float32 numbers on one CPU core, twice an elementwise
+multiply), ``aminmax`` and a norm: three reads of the output; some ten
+microseconds for a small output summarised with others.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from typing import Final
 
 import numpy as np
@@ -68,24 +87,38 @@ from detctx._locate import NUMPY_DTYPES
 
 __all__ = [
     "COLUMNS",
+    "FOLDS",
+    "KEY",
     "SIGNS",
     "SKETCH",
     "STATISTICS",
-    "estimate_difference",
     "numpy_values",
+    "relative_difference",
+    "sketch_bound",
     "small_rows",
     "statistics",
 ]
 
-SIGNS: Final = 4
-COLUMNS: Final = 16
-SKETCH: Final = SIGNS * COLUMNS
+SIGNS: Final = 26
+"""Repeats: each element enters the sketch with this many independent row signs."""
+COLUMNS: Final = 64
+FOLDS: Final = 4
+"""Numbers each repeat keeps: its ``COLUMNS`` sums folded by random signs."""
+SKETCH: Final = SIGNS * FOLDS
+KEY: Final = 0x6465746374782D33
+"""The public key the signs are drawn from (written in each trace's header; traces of
+another key, or another sketch shape, are not compared)."""
 STATISTICS: Final = ("count", "nan", "inf", "min", "max", "mean", "norm")
 """The named statistics, in the order they start a row; the sketch follows."""
 
 _FLOATS: Final = (torch.float32, torch.float64)
 IN_NUMPY: Final = 1 << 13
 """Outputs of at most this many numbers are summarised in NumPy."""
+_SAFE: Final = 40
+"""The torch path measures outputs whose largest magnitude is within ``2**-40 .. 2**40``
+as they are, others scaled by a power of two: a float32 sum of squares stays in range."""
+_SAFE_IN_NUMPY: Final = 400
+_S: Final = len(STATISTICS)
 
 
 def _splitmix(positions: np.ndarray) -> np.ndarray:
@@ -96,14 +129,24 @@ def _splitmix(positions: np.ndarray) -> np.ndarray:
         return z ^ (z >> np.uint64(31))
 
 
+def _sign_bits(places: np.ndarray) -> np.ndarray:
+    return 1.0 - 2.0 * (_splitmix(places ^ np.uint64(KEY)) >> np.uint64(63)).astype(np.float64)
+
+
 @functools.lru_cache(maxsize=64)
 def _signs(capacity: int, dtype: torch.dtype) -> torch.Tensor:
-    """``SIGNS`` rows of signs and a row of ones, ``capacity`` columns: a row's sign
-    depends only on its position, so a shorter matrix is a slice of a longer one."""
-    positions = np.arange(capacity * SIGNS, dtype=np.uint64).reshape(SIGNS, capacity)
-    bits = (_splitmix(positions) >> np.uint64(63)).astype(np.float64)
-    matrix = np.concatenate([1.0 - 2.0 * bits, np.ones((1, capacity))])
-    return torch.from_numpy(matrix).to(dtype)
+    """``SIGNS`` rows of row signs and a row of ones, ``capacity`` columns: a sign depends
+    only on the key, its repeat and its row, so a shorter matrix is a slice of a longer one."""
+    repeats = np.arange(SIGNS, dtype=np.uint64)[:, None] << np.uint64(48)
+    signs = _sign_bits(repeats | np.arange(capacity, dtype=np.uint64))
+    return torch.from_numpy(np.concatenate([signs, np.ones((1, capacity))])).to(dtype)
+
+
+@functools.cache
+def _folds() -> np.ndarray:
+    """``T``: per repeat, a ``COLUMNS x FOLDS`` matrix of signs (float64)."""
+    places = np.arange(SIGNS * COLUMNS * FOLDS, dtype=np.uint64) | (np.uint64(1) << np.uint64(62))
+    return _sign_bits(places).reshape(SIGNS, COLUMNS, FOLDS)
 
 
 def _capacity(rows: int) -> int:
@@ -113,6 +156,45 @@ def _capacity(rows: int) -> int:
 
 def _signs_for(rows: int, dtype: torch.dtype) -> torch.Tensor:
     return _signs(_capacity(rows), dtype)[:, :rows]
+
+
+def sketch_bound(count: np.ndarray) -> np.ndarray:
+    """The largest magnitude a stored (norm-divided) sketch number of an output of ``count``
+    numbers can have: ``|sum_i (+-1) x_i| <= sqrt(n) ||x||`` (Cauchy-Schwarz)."""
+    padded = -(-np.asarray(count, dtype=np.float64) // COLUMNS) * COLUMNS
+    return np.asarray(np.sqrt(np.maximum(padded, 1.0)))
+
+
+def _scale_of(largest: float, safe: int) -> float:
+    """A power of two that brings ``largest`` near 1 when it is outside ``2**±safe``, else 1."""
+    if largest == 0.0 or 2.0**-safe <= largest <= 2.0**safe:
+        return 1.0
+    return math.ldexp(1.0, -min(max(math.frexp(largest)[1], -1000), 1000))
+
+
+def _measure(flat: torch.Tensor) -> np.ndarray:
+    """The ``SIGNS + 1`` rows of signed column sums (then the plain ones), then min, max,
+    norm, as float64."""
+    rest = flat.numel() % COLUMNS
+    padded = torch.cat([flat, flat.new_zeros(COLUMNS - rest)]) if rest else flat
+    matrix = padded.view(-1, COLUMNS)
+    signs = _signs_for(matrix.shape[0], flat.dtype)
+    sums = (signs if flat.is_cpu else signs.to(flat.device)) @ matrix
+    low, high = torch.aminmax(flat)
+    norm = torch.linalg.vector_norm(flat)
+    numbers = torch.cat((sums.view(-1), torch.stack((low, high, norm)))).cpu()
+    return numbers.numpy().astype(np.float64)
+
+
+def _fill(row: np.ndarray, numbers: np.ndarray, scale: float) -> None:
+    """Mean, norm and norm-divided sketch from :func:`_measure`'s numbers of an output
+    multiplied by ``scale`` (a power of two)."""
+    sums = numbers[: (SIGNS + 1) * COLUMNS].reshape(SIGNS + 1, COLUMNS)
+    norm = float(numbers[-1])
+    row[5] = float(sums[SIGNS].sum()) / scale / (row[0] - row[1] - row[2])
+    row[6] = norm / scale
+    if norm > 0.0:
+        row[_S:] = np.einsum("kc,kcm->km", sums[:SIGNS], _folds()).reshape(-1) / norm
 
 
 def statistics(tensor: torch.Tensor) -> np.ndarray | None:
@@ -137,24 +219,23 @@ def statistics(tensor: torch.Tensor) -> np.ndarray | None:
     if values.dtype not in _FLOATS:
         values = values.to(torch.float64 if not values.is_floating_point() else torch.float32)
     flat = values.reshape(-1)
-    rest = count % COLUMNS
-    padded = torch.cat([flat, flat.new_zeros(COLUMNS - rest)]) if rest else flat
-    matrix = padded.view(-1, COLUMNS)
-    signs = _signs_for(matrix.shape[0], flat.dtype)
-    sketch = (signs if flat.is_cpu else signs.to(flat.device)) @ matrix
-    low, high = torch.aminmax(flat)
-    norm = torch.linalg.vector_norm(flat)
-    numbers = torch.cat((sketch.view(-1), torch.stack((low, high, norm)))).cpu().numpy()
-    row[len(STATISTICS) :] = numbers[:SKETCH]
-    row[3], row[4], row[6] = numbers[-3:]
-    row[5] = numbers[SKETCH : SKETCH + COLUMNS].sum(dtype=np.float64) / count
-    if not np.isfinite(row[[3, 4, 6]]).all():
+    numbers = _measure(flat)
+    low, high = numbers[-3], numbers[-2]
+    if not (math.isfinite(low) and math.isfinite(high)):
+        finite = torch.isfinite(flat)
         row[1] = int(torch.isnan(flat).sum())
-        row[2] = int(torch.isinf(flat).sum())
-        if row[1] or row[2]:
-            finite = statistics(torch.where(torch.isfinite(flat), flat, flat.new_zeros(())))
-            if finite is not None:
-                row[5:] = finite[5:]  # the finite values' mean, norm and sketch
+        row[2] = count - int(finite.sum()) - row[1]
+        if row[1] + row[2] == count:
+            return row  # no finite value: min, max, mean, norm and sketch stay 0
+        flat = torch.where(finite, flat, flat.new_zeros(()))
+        low = float(torch.where(finite, flat, flat.new_full((), math.inf)).min())
+        high = float(torch.where(finite, flat, flat.new_full((), -math.inf)).max())
+        numbers = _measure(flat)
+    row[3], row[4] = low, high
+    scale = _scale_of(max(abs(low), abs(high)), _SAFE)
+    if scale != 1.0:
+        numbers = _measure(flat.to(torch.float64) * scale)
+    _fill(row, numbers, scale)
     return row
 
 
@@ -162,12 +243,46 @@ def small_rows(arrays: list[np.ndarray]) -> np.ndarray:
     """:func:`statistics` rows of arrays of 1 to :data:`IN_NUMPY` real numbers each, in float64
     NumPy, all at once: a few microseconds an array, where one call each costs tens.
 
-    Every sum runs over one array's numbers alone, in order (``reduceat``), so an
-    array's row is the same whichever arrays it is summarised with.
+    Every sum runs over one array's numbers alone, so an array's row is the same
+    whichever arrays it is summarised with.
     """
     parts = [_reals(array) for array in arrays]
-    counts = np.array([part.size for part in parts], dtype=np.int64)
     flat = np.concatenate(parts, dtype=np.float64)
+    result = _rows(flat, np.array([part.size for part in parts], dtype=np.int64))
+    finite = np.isfinite(result[:, 3:5]).all(axis=1)
+    if not finite.all():
+        result[:, 1] = np.add.reduceat(np.isnan(flat), _starts(result))
+        result[:, 2] = np.add.reduceat(np.isinf(flat), _starts(result))
+        for index in np.flatnonzero(~finite):
+            part = parts[index].astype(np.float64)
+            kept = np.isfinite(part)
+            row = result[index]
+            row[3:] = 0.0
+            if kept.any():
+                row[3:] = small_rows([np.where(kept, part, 0.0)])[0][3:]
+                row[3], row[4] = part[kept].min(), part[kept].max()
+                row[5] *= part.size / kept.sum()  # the mean of the finite values
+    largest = np.maximum(np.abs(result[:, 3]), np.abs(result[:, 4]))
+    for index in np.flatnonzero(
+        (largest > 2.0**_SAFE_IN_NUMPY) | ((largest > 0) & (largest < 2.0**-_SAFE_IN_NUMPY))
+    ):
+        scale = _scale_of(float(largest[index]), _SAFE_IN_NUMPY)
+        part = np.where(np.isfinite(parts[index]), parts[index], 0.0).astype(np.float64)
+        scaled = _rows(part * scale, np.array([part.size], dtype=np.int64))[0]
+        row = result[index]
+        row[5], row[6] = scaled[5] / scale, scaled[6] / scale
+        row[_S:] = scaled[_S:]
+    return result
+
+
+def _starts(result: np.ndarray) -> np.ndarray:
+    counts = result[:, 0].astype(np.int64)
+    return np.concatenate(([0], np.cumsum(counts)[:-1]))
+
+
+def _rows(flat: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Rows of the arrays laid end to end in ``flat`` (``counts`` numbers each), without
+    telling NaN and Inf apart or scaling (:func:`small_rows` does both)."""
     starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
     rows = -(-counts // COLUMNS)
     first_row = np.concatenate(([0], np.cumsum(rows)[:-1]))
@@ -175,30 +290,23 @@ def small_rows(arrays: list[np.ndarray]) -> np.ndarray:
     padded = np.zeros(int(rows.sum()) * COLUMNS)
     padded[np.arange(len(flat)) - np.repeat(starts - first_row * COLUMNS, counts)] = flat
     matrix = padded.reshape(-1, COLUMNS)
-    local = np.arange(len(matrix)) - np.repeat(first_row, rows)
-    # Each array takes the signs of its own size, as on the torch path and on any device.
-    capacities = [_capacity(int(count)) for count in rows]
-    by_row = np.repeat(capacities, rows)
-    signs = np.empty((SIGNS + 1, len(matrix)))
-    for capacity in set(capacities):
-        mine = by_row == capacity
-        signs[:, mine] = _signs(capacity, torch.float64).numpy()[:, local[mine]]
-    result = np.zeros((len(arrays), len(STATISTICS) + SKETCH))
+    sums = np.empty((len(counts), SIGNS + 1, COLUMNS))
+    # Arrays of one number of rows at a time: one product of a stack of them each.
+    for size in np.unique(rows).tolist():
+        mine = np.flatnonzero(rows == size)
+        block = matrix[first_row[mine][:, None] + np.arange(size)]
+        signs = _signs(_capacity(size), torch.float64).numpy()[:, :size]
+        sums[mine] = np.matmul(signs, block)
+    result = np.zeros((len(counts), len(STATISTICS) + SKETCH))
     result[:, 0] = counts
-    with np.errstate(invalid="ignore", over="ignore"):  # NaN and Inf are counted below
-        sketch = np.add.reduceat(signs[:, :, None] * matrix, first_row, axis=1)
-        result[:, 6] = np.sqrt(np.add.reduceat(flat * flat, starts))
-    result[:, len(STATISTICS) :] = sketch[:SIGNS].transpose(1, 0, 2).reshape(len(arrays), -1)
-    result[:, 3] = np.minimum.reduceat(flat, starts)
-    result[:, 4] = np.maximum.reduceat(flat, starts)
-    result[:, 5] = sketch[SIGNS].sum(axis=1) / counts
-    if not np.isfinite(result[:, [3, 4, 6]]).all():
-        result[:, 1] = np.add.reduceat(np.isnan(flat), starts)
-        result[:, 2] = np.add.reduceat(np.isinf(flat), starts)
-        for index in np.flatnonzero(result[:, 1] + result[:, 2]):
-            part = parts[index]
-            finite = small_rows([np.where(np.isfinite(part), part, 0.0)])[0]
-            result[index, 5:] = finite[5:]  # the finite values' mean, norm and sketch
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN and Inf: small_rows counts them
+        norm = np.sqrt(np.add.reduceat(flat * flat, starts))
+        result[:, 3] = np.minimum.reduceat(flat, starts)
+        result[:, 4] = np.maximum.reduceat(flat, starts)
+        result[:, 5] = sums[:, SIGNS].sum(axis=1) / counts
+        result[:, 6] = norm
+        folded = np.einsum("akc,kcm->akm", sums[:, :SIGNS], _folds()).reshape(len(counts), -1)
+        result[:, _S:] = folded / np.where(norm > 0, norm, 1.0)[:, None]
     return result
 
 
@@ -231,9 +339,14 @@ def numpy_values(tensor: torch.Tensor) -> np.ndarray | None:
     return array.view(np.bool_) if tensor.dtype == torch.bool else array
 
 
-def estimate_difference(sketch_a: np.ndarray, sketch_b: np.ndarray) -> np.ndarray:
-    """The estimated L2 norm of ``a - b`` for rows of sketches (last axis ``SKETCH``)."""
-    with np.errstate(invalid="ignore", over="ignore"):  # a sketch that overflowed: NaN, inf
-        difference = sketch_a - sketch_b
+def relative_difference(stats_a: np.ndarray, stats_b: np.ndarray) -> np.ndarray:
+    """The estimated ``||a - b|| / max(||a||, ||b||)`` for rows of statistics (last axis a
+    row of :data:`STATISTICS` and the sketch); 0 where both norms are 0."""
+    norm_a, norm_b = stats_a[..., 6:7], stats_b[..., 6:7]
+    largest = np.maximum(norm_a, norm_b)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        share_a = np.where(largest > 0, norm_a / largest, 0.0)
+        share_b = np.where(largest > 0, norm_b / largest, 0.0)
+        difference = share_a * stats_a[..., _S:] - share_b * stats_b[..., _S:]
         squares: np.ndarray = np.einsum("...i,...i->...", difference, difference)
-        return np.sqrt(squares / SIGNS)
+        return np.sqrt(squares / SKETCH)

@@ -336,7 +336,7 @@ class Summaries:
         self, strings: _Strings, outputs: list[_Output], inputs: list[tuple[int, int]]
     ) -> None:
         writer = self.writer
-        values: list[tuple[int, int, np.ndarray]] = []
+        values: list[tuple[int, int, int, np.ndarray]] = []
         for output in outputs:
             key = (output.dtype, output.shape)
             described = self._described.get(key)
@@ -345,7 +345,7 @@ class Summaries:
                     writer.string(str(output.dtype).removeprefix("torch.")),
                     writer.string(str(list(output.shape))),
                 )
-            values.append((*described, output.row))
+            values.append((*described, output.digest, output.row))
         op, module, source, node = strings
         numbers = (
             writer.string(op),
