@@ -6,7 +6,17 @@ a ``sitecustomize`` on ``PYTHONPATH`` that starts recording when Python
 starts (:mod:`detctx._compare.session`). The first Python process writes
 ``main.trace``; each rank that torchrun starts writes ``rank<N>.trace``.
 When the command ends, ``PATH`` becomes the trace (one process) or a folder
-of the ranks' traces. Nothing here imports torch.
+of the ranks' traces, replacing an earlier one only then.
+
+The command runs in its own process group, marked as ``detctx run``'s
+commands are (:mod:`detctx._cli.signals`): SIGTERM, SIGHUP and Ctrl-C sent
+to ``detctx record`` go to the command's group and to every process of it,
+what is left after :data:`~detctx._cli.signals.GRACE_S` seconds is killed,
+the staging folder goes, and ``detctx record`` exits with 128 + the
+signal's number (143, 129; 130 after Ctrl-C) with nothing written. Before,
+SIGTERM left the command running and recording, and the staging folder
+beside ``PATH``. What the command leaves running when it exits is stopped
+too, before its traces are moved. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -16,6 +26,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -26,6 +37,15 @@ from typing import Any, Final
 
 from detctx._basics import TraceError
 from detctx._cli.locate import recording_shim
+from detctx._cli.signals import (
+    GRACE_S,
+    Stopped,
+    forwarded_signals,
+    mark_run,
+    signal_of,
+    stop_run,
+    wait_for_exit,
+)
 from detctx._cli.trace_compare import compare_recorded, looks_like_trace
 
 __all__ = ["add_arguments", "dispatch", "record"]
@@ -45,33 +65,43 @@ _UNRECORDED: Final = (
 )
 
 
-def _clear(path: Path) -> None:
-    """Make room for a new recording at ``path``: only an earlier trace is replaced."""
+def _earlier(path: Path) -> list[Path]:
+    """The earlier recording at ``path`` a new one replaces (its traces, then its folder);
+    anything else there is refused."""
     if path.is_symlink() or (path.exists() and not looks_like_trace(path)):
         raise TraceError(
             f"{path} exists and is not a trace detctx recorded: choose another path or remove it"
         )
-    if path.is_dir():
-        traces = [child for child in path.iterdir() if looks_like_trace(child)]
-        others = sorted(child.name for child in path.iterdir() if child not in traces)
-        if others:
-            raise TraceError(
-                f"{path} holds {', '.join(others[:3])} besides rank traces: choose another "
-                "path or remove them"
-            )
-        for child in traces:
-            child.unlink()
-        path.rmdir()
-    else:
-        path.unlink(missing_ok=True)
+    if not path.is_dir():
+        return [path] if path.exists() else []
+    traces = [child for child in path.iterdir() if looks_like_trace(child)]
+    others = sorted(child.name for child in path.iterdir() if child not in traces)
+    if others:
+        raise TraceError(
+            f"{path} holds {', '.join(others[:3])} besides rank traces: choose another "
+            "path or remove them"
+        )
+    return [*traces, path]
+
+
+def _replace_earlier(path: Path) -> None:
+    for old in _earlier(path):
+        if old.is_dir():
+            old.rmdir()
+        else:
+            old.unlink(missing_ok=True)
 
 
 def record(path: Path, command: list[str]) -> int:
-    """Run ``command`` once, recording into ``path``; the exit status of ``detctx record``."""
+    """Run ``command`` once, recording into ``path``; the exit status of ``detctx record``.
+
+    Raises ``KeyboardInterrupt`` or :class:`~detctx._cli.signals.Stopped` when
+    ``detctx record`` is stopped, once the command is and nothing was written.
+    """
     shown, path = path, path.absolute()
     if not path.parent.is_dir():
         raise TraceError(f"the folder of {path} does not exist")
-    _clear(path)
+    _earlier(path)  # refused before the command runs, replaced once it has
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.recording-", dir=path.parent))
     try:
         site = staging / "site"
@@ -83,9 +113,10 @@ def record(path: Path, command: list[str]) -> int:
         env["PYTHONPATH"] = str(site) + (os.pathsep + rest if rest else "")
         sys.stderr.write(f"detctx record: {' '.join(command)}\n")
         try:
-            status = subprocess.run(command, env=env, check=False).returncode
-        except OSError as exc:
-            raise TraceError(f"cannot start {command[0]}: {exc.strerror or exc}") from None
+            status = _run(command, env)
+        except (KeyboardInterrupt, Stopped):
+            sys.stderr.write(f"detctx record: stopped; nothing written to {shown}\n")
+            raise
         ranks = sorted(staging.glob("rank*.trace"))
         empty = [
             trace.name if ranks else str(shown)
@@ -93,11 +124,13 @@ def record(path: Path, command: list[str]) -> int:
             if trace.is_file() and _ops_in(trace) == 0
         ]
         if ranks:
+            _replace_earlier(path)
             path.mkdir()
             for trace in ranks:
                 trace.rename(path / trace.name)
             written = f"{len(ranks)} rank traces in {shown}"
         elif (staging / "main.trace").is_file():
+            _replace_earlier(path)
             (staging / "main.trace").rename(path)
             written = f"trace written to {shown}"
         else:
@@ -117,6 +150,33 @@ def record(path: Path, command: list[str]) -> int:
         return 2
     print(written)
     return 0
+
+
+def _run(command: list[str], env: dict[str, str]) -> int:
+    """Run ``command`` in its own process group to its end, then stop what it left running;
+    its exit status. Stopped with its signal when ``detctx record`` is."""
+    run_id = mark_run(env)
+    with forwarded_signals():
+        try:
+            process = subprocess.Popen(command, env=env, start_new_session=True)
+        except OSError as exc:
+            raise TraceError(f"cannot start {command[0]}: {exc.strerror or exc}") from None
+        try:
+            wait_for_exit(process)
+            # A process the command left running may still be recording into the staging
+            # folder: it goes before the traces are moved.
+            left = stop_run(process, run_id, int(signal.SIGTERM))
+        except BaseException as exc:
+            stop_run(process, run_id, signal_of(exc))
+            raise
+    if left:
+        count = f"{len(left)} process" + ("" if len(left) == 1 else "es")
+        shown = ", ".join(map(str, left[:10])) + (", ..." if len(left) > 10 else "")
+        sys.stderr.write(
+            f"detctx record: the command exited and left {count} running (pid {shown}); "
+            f"stopped with SIGTERM (SIGKILL for any still there after {GRACE_S:g} s)\n"
+        )
+    return process.returncode
 
 
 def _ops_in(trace: Path) -> int | None:

@@ -49,6 +49,7 @@ __all__ = [
     "run_processes",
     "signal_of",
     "stop_run",
+    "wait_for_exit",
 ]
 
 RUNS_ENV: Final = "DETCTX_RUNS"
@@ -149,6 +150,19 @@ def command_exited(process: subprocess.Popen[bytes]) -> bool:
     except ChildProcessError:  # reaped elsewhere (a SIGCHLD handler): it is gone
         return True
     return found is not None
+
+
+def wait_for_exit(process: subprocess.Popen[bytes]) -> None:
+    """Block until the command exits, without reaping it (see :func:`command_exited`); a
+    signal's exception (:func:`forwarded_signals`) ends the wait."""
+    while not command_exited(process):
+        if not hasattr(os, "waitid"):
+            time.sleep(_POLL_S)
+            continue
+        try:
+            os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOWAIT)
+        except ChildProcessError:  # reaped elsewhere (a SIGCHLD handler): it is gone
+            return
 
 
 def run_processes(pgid: int, run_id: str) -> dict[int, int]:
