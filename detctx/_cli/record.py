@@ -6,7 +6,9 @@ a ``sitecustomize`` on ``PYTHONPATH`` that starts recording when Python
 starts (:mod:`detctx._compare.session`). The first Python process writes
 ``main.trace``; each rank that torchrun starts writes ``rank<N>.trace``.
 When the command ends, ``PATH`` becomes the trace (one process) or a folder
-of the ranks' traces, replacing an earlier one only then.
+of the ranks' traces, replacing an earlier one only then. Which processes
+record, and how the variables leave the environment of those that do not:
+:mod:`detctx._cli.record_child`.
 
 The command runs in its own process group, marked as ``detctx run``'s
 commands are (:mod:`detctx._cli.signals`): SIGTERM, SIGHUP and Ctrl-C sent
@@ -25,6 +27,7 @@ import argparse
 import json
 import math
 import os
+import secrets
 import shutil
 import signal
 import struct
@@ -48,20 +51,27 @@ from detctx._cli.signals import (
 )
 from detctx._cli.trace_compare import compare_recorded, looks_like_trace
 
-__all__ = ["add_arguments", "dispatch", "record"]
+__all__ = ["RECORD_ENV", "RUN_ENV", "SITE_FOLDER", "add_arguments", "dispatch", "record"]
 
 RECORD_ENV: Final = "DETCTX_RECORD_DIR"
 """:data:`detctx._compare.RECORD_ENV` (importing it from there would import torch)."""
 
-_SHIM: Final = recording_shim("detctx record", "record", RECORD_ENV, "detctx._compare")
+RUN_ENV: Final = "DETCTX_RECORD_RUN"
+"""The identity of one ``detctx record`` run: a fresh random hex id in the command's
+environment, shared by every process of the recording (each rank's trace carries it)."""
+
+SITE_FOLDER: Final = "site"
+"""The folder in ``$DETCTX_RECORD_DIR`` that holds the shim, and is put on ``PYTHONPATH``."""
+
+_SHIM: Final = recording_shim("detctx record", "record", RECORD_ENV, "detctx._cli.record_child")
 _CHUNK: Final = struct.Struct("<cQI")
 """A trace chunk's kind, length and CRC-32 (:mod:`detctx._compare.format`, which imports torch)."""
 _UNRECORDED: Final = (
     "the process detctx recorded ran no torch op. detctx record records the first Python "
-    "process the command starts, and each rank torchrun starts (RANK and WORLD_SIZE set "
-    "when it starts); processes that torch.multiprocessing.spawn or another launcher starts "
-    "and that set RANK themselves are not recorded. Start the ranks with torchrun, or record "
-    'in each worker: with detctx.recording(f"rank{rank}.trace"): ...'
+    "process the command starts, or each rank torchrun starts (RANK and WORLD_SIZE set "
+    "when it starts); processes that torch.multiprocessing.spawn or another launcher "
+    "(accelerate launch, deepspeed) starts are not recorded. Start the ranks with torchrun, "
+    'or record in each worker: with detctx.recording(f"rank{rank}.trace"): ...'
 )
 
 
@@ -104,11 +114,12 @@ def record(path: Path, command: list[str]) -> int:
     _earlier(path)  # refused before the command runs, replaced once it has
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.recording-", dir=path.parent))
     try:
-        site = staging / "site"
+        site = staging / SITE_FOLDER
         site.mkdir()
         (site / "sitecustomize.py").write_text(_SHIM, encoding="utf-8")
         env = dict(os.environ)
         env[RECORD_ENV] = str(staging)
+        env[RUN_ENV] = secrets.token_hex(16)
         rest = env.get("PYTHONPATH", "")
         env["PYTHONPATH"] = str(site) + (os.pathsep + rest if rest else "")
         sys.stderr.write(f"detctx record: {' '.join(command)}\n")
