@@ -29,6 +29,7 @@ from test_trace_record_cli import ENV, detctx
 
 from detctx._cli.record import RECORD_ENV, RUN_ENV
 from detctx._cli.record_child import forget_recording, is_torch_launcher
+from detctx._compare.format import read_trace
 
 GUARD_S = 60
 """How long one ``detctx record`` may take to stop here; it needs a few seconds."""
@@ -133,10 +134,10 @@ def seen(stdout: str) -> dict[str, dict[str, object]]:
 
 
 def assert_left_out(views: dict[str, dict[str, object]]) -> None:
-    """Every process sees no recording folder and only the test's PYTHONPATH; what the
-    recorded process starts has not imported torch."""
+    """Every process sees no recording folder, no run id and only the test's PYTHONPATH;
+    what the recorded process starts has not imported torch."""
     for who, view in views.items():
-        assert (view["dir"], view["pythonpath"]) == (None, str(ROOT)), who
+        assert (view["dir"], view["run"], view["pythonpath"]) == (None, None, str(ROOT)), who
         assert who.startswith("process") or not view["torch"], who
 
 
@@ -154,8 +155,7 @@ def test_what_a_recorded_program_starts_neither_sees_the_recording_nor_loads_tor
     views = seen(done.stdout)
     assert sorted(views) == ["child", "grandchild", "process"]
     assert_left_out(views)
-    assert re.fullmatch("[0-9a-f]{32}", str(views["process"]["run"]))
-    assert (tmp_path / "a.trace").is_file()
+    assert re.fullmatch("[0-9a-f]{32}", read_trace(tmp_path / "a.trace").run)
     assert not [path.name for path in tmp_path.iterdir() if path.name.startswith(".")]
 
 
@@ -179,8 +179,8 @@ def test_under_torchrun_the_ranks_record_one_run_and_what_they_start_does_not(
         f"{who}{rank}" for who in ("child", "grandchild", "process") for rank in (0, 1)
     ]
     assert_left_out(views)
-    (run,) = {views["process0"]["run"], views["process1"]["run"]}  # one run, both ranks
-    assert re.fullmatch("[0-9a-f]{32}", str(run))
+    (run,) = {read_trace(tmp_path / "run" / f"rank{rank}.trace").run for rank in (0, 1)}
+    assert re.fullmatch("[0-9a-f]{32}", run)  # the id detctx record drew, in both ranks
 
 
 def test_torchs_launcher_is_told_from_a_program_by_its_command_line() -> None:
@@ -201,7 +201,7 @@ def test_forgetting_the_recording_keeps_the_rest_of_pythonpath() -> None:
         "PYTHONPATH": os.pathsep.join(["/tmp/.a.trace.recording-x/site", "/src", "/lib"]),
     }
     forget_recording(env)
-    assert env == {RUN_ENV: "ab" * 16, "PYTHONPATH": os.pathsep.join(["/src", "/lib"])}
+    assert env == {"PYTHONPATH": os.pathsep.join(["/src", "/lib"])}
 
     alone = {RECORD_ENV: "/r", "PYTHONPATH": os.path.join("/r", "site")}
     forget_recording(alone)

@@ -58,7 +58,8 @@ RECORD_ENV: Final = "DETCTX_RECORD_DIR"
 
 RUN_ENV: Final = "DETCTX_RECORD_RUN"
 """The identity of one ``detctx record`` run: a fresh random hex id in the command's
-environment, shared by every process of the recording (each rank's trace carries it)."""
+environment, which every process that records writes in its trace's header
+(:func:`detctx._compare.session.run_identity`) and then forgets."""
 
 SITE_FOLDER: Final = "site"
 """The folder in ``$DETCTX_RECORD_DIR`` that holds the shim, and is put on ``PYTHONPATH``."""

@@ -12,13 +12,14 @@ The ``sitecustomize`` that ``detctx record`` puts on ``PYTHONPATH`` calls
 - any other process records ``main.trace`` if no process of the command has
   yet (:func:`detctx._compare.start_from_environment`).
 
-Every process but the launcher then takes ``$DETCTX_RECORD_DIR`` and the
-shim's entry on ``PYTHONPATH`` out of its environment, as ``detctx run
---locate`` does (:mod:`detctx._locate.child`): what it starts later (a helper
-script, a DataLoader worker started with ``spawn``, another program) neither
-records nor loads detctx. A process that would not record decides so before
-importing torch. ``$DETCTX_RECORD_RUN`` stays in a recording process's
-environment: its trace's header reads it.
+Every process but the launcher then takes ``$DETCTX_RECORD_DIR``,
+``$DETCTX_RECORD_RUN`` (read as the recording starts) and the shim's entry on
+``PYTHONPATH`` out of its environment, as ``detctx run --locate`` does
+(:mod:`detctx._locate.child`): what it starts later (a helper script, a
+DataLoader worker started with ``spawn``, another program) neither records
+nor loads detctx, and a ``detctx.recording`` of its own does not claim this
+run's identity. A process that would not record decides so before importing
+torch.
 
 Before, a program's subprocesses all imported torch through the shim (a
 ``python -c 'print(1)'`` started by the recorded script took a second), and
@@ -72,8 +73,9 @@ def _is_rank(env: MutableMapping[str, str]) -> tuple[int, int] | None:
 
 
 def forget_recording(env: MutableMapping[str, str]) -> None:
-    """Take ``$DETCTX_RECORD_DIR`` and the shim's entry on ``PYTHONPATH`` out of ``env``
-    (``PYTHONPATH`` removed when nothing else was on it)."""
+    """Take ``$DETCTX_RECORD_DIR``, ``$DETCTX_RECORD_RUN`` and the shim's entry on
+    ``PYTHONPATH`` out of ``env`` (``PYTHONPATH`` removed when nothing else was on it)."""
+    env.pop(RUN_ENV, None)
     folder = env.pop(RECORD_ENV, None)
     if not folder or "PYTHONPATH" not in env:
         return
@@ -95,13 +97,9 @@ def start_from_environment() -> bool:
     name = f"rank{ranked[0]}.trace" if ranked else "main.trace"
     try:
         if not folder or os.path.lexists(os.path.join(folder, name)):
-            os.environ.pop(RUN_ENV, None)
             return False  # not this process's to record: torch is not imported for it
         from detctx._compare import start_from_environment as start
 
-        started = start()
-        if not started:
-            os.environ.pop(RUN_ENV, None)
-        return started
+        return start()
     finally:
         forget_recording(os.environ)
