@@ -16,17 +16,21 @@ for the fewest keys to pass over, on both sides together, to be back in step
 for :data:`RUN` equal keys in a row, or at both ends: Myers' O((N+M)D)
 search, D bounded by :data:`EDITS` and by the nearest place where
 :data:`RUN` equal keys start (every run of :data:`RUN` keys is hashed to
-find it). Equal keys met on the way pair too. Where that place is more than
+find it; a search is skipped where no key before that place is on both
+sides). Equal keys met on the way pair too. Where that place is more than
 :data:`EDITS` keys away, the walk jumps to it, and the region passed over is
 matched with :class:`difflib.SequenceMatcher` when it is small (at most
-:data:`GAP_CELLS` pairs of keys), else left unpaired; once no such place is
-left, the rest of the shorter sequence is matched the same way against as
-much of the longer one, and :data:`EDITS` more. The work grows with the
-length times the keys passed over where the traces part, not with the
-product of the lengths (difflib's longest common blocks over whole traces,
-which this replaces, took 281 s for 32,001 ops with one extra in the
-middle). Pairs are always of equal keys and in order; where a key could pair
-two ways (a layer called twice in B), the earlier one pairs.
+:data:`GAP_CELLS` pairs of keys), else left unpaired. Once no such place is
+left, the ends are the next place in step: the keys equal up to both ends
+pair (a module's last op, after one fused kernel in A and its unfused ops in
+B), and what is left between is searched, or matched as a region passed
+over (the longer side cut to the shorter's length and :data:`EDITS` more).
+The work grows with the length, and with the keys passed over times at most
+:data:`EDITS` where the traces part, not with the product of the lengths
+(difflib's longest common blocks over whole traces, which this replaces,
+took 281 s for 32,001 ops with one extra in the middle). Pairs are always of
+equal keys and in order; where a key could pair two ways (a layer called
+twice in B), the earlier one pairs.
 
 Where a segment's ops do not all pair, the segment is *partial*: its
 unpaired ops are compared where their values leave it, through the data
@@ -95,12 +99,19 @@ class Matcher:
 
     def common(self, i: int, j: int) -> int:
         """How many keys from ``a[i]`` and ``b[j]`` on are equal in a row."""
-        limit = min(self.n - i, self.m - j)
+        return self._equal(self.a[i : self.n], self.b[j : self.m])
+
+    def common_to_end(self, i: int, j: int) -> int:
+        """How many keys up to the ends (past ``a[i]`` and ``b[j]``) are equal in a row."""
+        return self._equal(self.a[i : self.n][::-1], self.b[j : self.m][::-1])
+
+    def _equal(self, a: np.ndarray, b: np.ndarray) -> int:
+        limit = min(len(a), len(b))
         done, block = 0, _FIRST_BLOCK
         while done < limit:
             end = min(limit, done + block)
             self.compared += end - done
-            differ = np.flatnonzero(self.a[i + done : i + end] != self.b[j + done : j + end])
+            differ = np.flatnonzero(a[done:end] != b[done:end])
             if len(differ):
                 return done + int(differ[0])
             done, block = end, block * 4
@@ -170,7 +181,7 @@ class Matcher:
         """The ``(p, q)`` with the least ``(p - i) + (q - j)`` where :data:`RUN` equal keys
         start, searched in windows growing from ``(i, j)``."""
         hash_a, hash_b = self.hashes()
-        width = 4 * EDITS
+        width = 2 * RUN
         while True:
             window_a, window_b = hash_a[i : i + width], hash_b[j : j + width]
             self.compared += len(window_a) + len(window_b)
@@ -191,6 +202,11 @@ class Matcher:
                 return None
             width *= 4
 
+    def disjoint(self, i: int, p: int, j: int, q: int) -> bool:
+        """Whether no key of ``a[i:p]`` is in ``b[j:q]``."""
+        self.compared += (p - i) + (q - j)
+        return set(self.list_a[i:p]).isdisjoint(self.list_b[j:q])
+
     def pass_over(self, i: int, p: int, j: int, q: int) -> None:
         """Pair what can be paired in ``a[i:p]`` and ``b[j:q]``, a region the search gave up on."""
         if (p - i) * (q - j) > GAP_CELLS or p == i or q == j:
@@ -204,6 +220,7 @@ class Matcher:
     def pairs(self) -> tuple[np.ndarray, np.ndarray]:
         """Walk both sequences once: the indices into A and B of each pair."""
         i = j = 0
+        ending: tuple[int, int, int] | None = None
         while i < self.n and j < self.m:
             equal = self.common(i, j)
             if equal:
@@ -212,8 +229,18 @@ class Matcher:
                 continue
             left = (self.n - i) + (self.m - j)
             near = None if left <= EDITS else self.nearest_run(i, j)
-            # The nearest run bounds the search; past EDITS it is not worth searching at all.
-            cap = min(left, EDITS) if near is None else (near[0] - i) + (near[1] - j)
+            if near is None and ending is None:
+                # No run of RUN equal keys is left: the ends are the next place in step (a
+                # module's last op after other kernels' ops, fused or not, is its last op).
+                ending = (self.n, self.m, self.common_to_end(i, j))
+                self.n, self.m = self.n - ending[2], self.m - ending[2]
+                continue
+            # The nearest run bounds the search; past EDITS it is not worth searching at all,
+            # nor where no key before it is on both sides (a fused kernel's ops, and the one).
+            end = near if near is not None else (self.n, self.m)
+            cap = min(left, EDITS) if near is None else (end[0] - i) + (end[1] - j)
+            if self.disjoint(i, end[0], j, end[1]):
+                cap = EDITS + 1
             resumed = self.back_in_step(i, j, cap) if cap <= EDITS else None
             if resumed is not None:
                 i, j = resumed
@@ -225,6 +252,8 @@ class Matcher:
                 q = min(self.m, j + (self.n - i) + EDITS)
             self.pass_over(i, p, j, q)
             i, j = p, q
+        if ending is not None and ending[2]:
+            self.runs.append((ending[0] - ending[2], ending[1] - ending[2], ending[2]))
         if not self.runs:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
         starts_a, starts_b, sizes = (np.array(column, np.int64) for column in zip(*self.runs))
