@@ -87,7 +87,7 @@ def recording_cost(
                     time.thread_time() - mine,
                 )
             )
-    from detctx._compare.format import read_trace
+    from detctx._compare.reading import read_trace
 
     return times, len(read_trace(trace)), trace.stat().st_size
 
@@ -121,7 +121,7 @@ def compare_cost(folder: Path, steps: int) -> tuple[float, int, int, str]:
     start = time.perf_counter()
     result = detctx.compare_traces(*paths)
     seconds = time.perf_counter() - start
-    from detctx._compare.format import read_trace
+    from detctx._compare.reading import read_trace
 
     ops = [len(read_trace(path)) for path in paths]
     origin = result.origin["op"] if result.origin else None

@@ -251,7 +251,7 @@ def _crafted(path: Path, flows: list[list[tuple[int, int]]]) -> None:
 def test_a_crafted_trace_whose_data_flow_points_nowhere_is_refused(
     flows: list[list[tuple[int, int]]], problem: str, tmp_path: Path
 ) -> None:
-    from detctx._compare.format import read_trace
+    from detctx._compare.reading import read_trace
 
     path = tmp_path / "crafted.trace"
     _crafted(tmp_path / "fine.trace", [[], [(0, 0)], [(1, 0), (-1, 0)]])

@@ -15,7 +15,7 @@ import torch
 import detctx
 import detctx._compare.recorder as recorder_module
 import detctx._compare.summaries as summaries_module
-from detctx._compare.format import read_trace
+from detctx._compare.reading import read_trace
 from detctx._compare.sketch import IN_NUMPY, numpy_values, small_rows
 from detctx._compare.summaries import SMALLEST_COPY, Summaries, spare_core
 from detctx._locate import PUBLIC_KEY, tensor_digest
@@ -70,6 +70,7 @@ def test_a_trace_recorded_with_the_helper_is_byte_for_byte_the_one_recorded_in_l
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pending: int
 ) -> None:
     monkeypatch.setattr(summaries_module, "PENDING_BYTES", pending)
+    monkeypatch.setenv("DETCTX_RECORD_RUN", "one-run")  # the header's run identity, the same
     _helper(monkeypatch, False)
     with detctx.recording(tmp_path / "in-line.trace"):
         _program()
@@ -88,6 +89,8 @@ def test_a_trace_recorded_with_the_helper_is_byte_for_byte_the_one_recorded_in_l
 def test_small_outputs_summarised_together_get_the_rows_and_digests_they_have_alone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, helper: bool, batch_ops: int
 ) -> None:
+    monkeypatch.setenv("DETCTX_RECORD_RUN", "one-run")  # the header's run identity, the same
+
     def recorded(name: str, batch: int, with_helper: bool) -> bytes:
         monkeypatch.setattr(summaries_module, "BATCH_OPS", batch)
         _helper(monkeypatch, with_helper)

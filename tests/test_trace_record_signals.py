@@ -29,7 +29,7 @@ from test_trace_record_cli import ENV, detctx
 
 from detctx._cli.record import RECORD_ENV, RUN_ENV
 from detctx._cli.record_child import forget_recording, is_torch_launcher
-from detctx._compare.format import read_trace
+from detctx._compare.reading import read_trace
 
 GUARD_S = 60
 """How long one ``detctx record`` may take to stop here; it needs a few seconds."""

@@ -18,7 +18,8 @@ import torch
 
 import detctx
 from detctx._cli import main
-from detctx._compare.format import TraceWriter, read_trace
+from detctx._compare.format import TraceWriter
+from detctx._compare.reading import read_trace
 from detctx._compare.sketch import statistics
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

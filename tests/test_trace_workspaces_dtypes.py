@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 import detctx
-from detctx._compare.format import read_trace
+from detctx._compare.reading import read_trace
 from detctx._locate import op_info
 
 LSTM_SCRIPT = textwrap.dedent(
@@ -170,7 +170,7 @@ COMPILED_LATER = textwrap.dedent(
     import os, sys
     from pathlib import Path
     import torch, detctx
-    from detctx._compare.format import read_trace
+    from detctx._compare.reading import read_trace
     assert "torch._dynamo" not in sys.modules
     path = Path(sys.argv[1])
     with detctx.recording(path):

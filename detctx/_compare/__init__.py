@@ -12,7 +12,7 @@ sketches, and names the first op whose error its inputs do not explain.
 from __future__ import annotations
 
 from detctx._compare.compare import TOLERANCES
-from detctx._compare.format import is_trace
+from detctx._compare.reading import is_trace
 from detctx._compare.report import TraceComparison, compare_traces
 from detctx._compare.session import RECORD_ENV, recording, start_from_environment
 

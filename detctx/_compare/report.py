@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
@@ -30,64 +28,15 @@ import numpy as np
 from detctx._basics import TraceError
 from detctx._compare.compare import RankComparison, compare_rank
 from detctx._compare.environment import environment_differences
-from detctx._compare.format import COMPLETED, UNSHARED, Trace, read_trace
+from detctx._compare.format import COMPLETED, UNSHARED
+from detctx._compare.reading import read_run
 
-__all__ = ["TraceComparison", "compare_traces", "read_run"]
+__all__ = ["TraceComparison", "compare_traces"]
 
 _SHOWN_MODULES: Final = 5
 
-_RANK_FILE: Final = re.compile(r"rank(0|[1-9][0-9]{0,5})\.trace")
 MIN_ALIGNED: Final = 0.5
 """Below this share of either trace's ops aligned, the traces record different programs."""
-
-
-def read_run(path: str | os.PathLike[str]) -> dict[int, Trace]:
-    """A run's traces by rank: one file, or a folder of ``rank<N>.trace`` files."""
-    path = Path(path)
-    if not path.exists():
-        raise TraceError(f"{path} does not exist: give a trace file or a folder of rank traces")
-    if not path.is_dir():
-        trace = read_trace(path)
-        return {int(trace.header["rank"]): trace}
-    traces: dict[int, Trace] = {}
-    for child in sorted(path.iterdir()):
-        match = _RANK_FILE.fullmatch(child.name)
-        if match is None:
-            continue
-        trace = read_trace(child)
-        if trace.header["rank"] != int(match.group(1)):
-            raise TraceError(f"trace {child} holds rank {trace.header['rank']}'s ops")
-        traces[int(match.group(1))] = trace
-    if not traces:
-        raise TraceError(f"{path} holds no rank<N>.trace files")
-    _check_one_run(path, traces)
-    return traces
-
-
-def _check_one_run(path: Path, traces: dict[int, Trace]) -> None:
-    """A folder's traces are the ranks of one recorded run, all of them."""
-    runs = {trace.header["run"] for trace in traces.values()}
-    if len(runs) > 1:
-        by_run = {
-            run: sorted(r for r, trace in traces.items() if trace.header["run"] == run)
-            for run in sorted(runs)
-        }
-        described = "; ".join(f"ranks {ranks} of run {run}" for run, ranks in by_run.items())
-        raise TraceError(
-            f"{path} mixes the traces of several recorded runs ({described}): compare the "
-            "ranks of one run with another's; record again into an empty folder"
-        )
-    worlds = {trace.header["world_size"] for trace in traces.values()}
-    if len(worlds) > 1:
-        raise TraceError(f"{path} holds traces of world sizes {sorted(worlds)}: not one run")
-    (world,) = worlds
-    missing = sorted(set(range(world)) - set(traces))
-    if missing or len(traces) != world:
-        raise TraceError(
-            f"{path} holds the traces of ranks {sorted(traces)} of a run of {world} ranks: "
-            f"rank{missing[0] if missing else ''}.trace is missing; a run is compared with "
-            "all its ranks (give one rank's file to compare that rank alone)"
-        )
 
 
 def _entry(rank: RankComparison, index: int) -> dict[str, Any]:
@@ -226,7 +175,11 @@ class TraceComparison:
                 f"{entry['ops_a']} ops in A and {entry['ops_b']} in B pair; compared at its outputs"
             )
         for side, modules in self.modules_only.items():
-            lines.append(f"  modules only in {side}: {', '.join(modules[:_SHOWN_MODULES])}")
+            lines.append(
+                f"  modules whose own ops run in {side} only: "
+                + ", ".join(modules[:_SHOWN_MODULES])
+                + (f" and {len(modules) - _SHOWN_MODULES} more" if len(modules) > 5 else "")
+            )
         if self.environment_differences:
             lines.append("environment differences (A -> B):")
             lines += [
@@ -234,13 +187,13 @@ class TraceComparison:
                 for name, values in self.environment_differences.items()
             ]
         lines += [f"note: {note}" for note in self.notes]
-        lines += self._what_differs(shown)
         if self.bitwise:
             lines.append("traces AGREE bit for bit: every op produced the same bits.")
         elif self.agree:
             lines.append("traces AGREE within tolerance (not bit for bit).")
         else:
             lines.append(f"traces DIFFER: {self._reasons()}.")
+        lines += self._what_differs(shown)
         return "\n".join(lines)
 
     def _reasons(self) -> str:

@@ -291,15 +291,15 @@ def _rows(flat: np.ndarray, counts: np.ndarray) -> np.ndarray:
     padded[np.arange(len(flat)) - np.repeat(starts - first_row * COLUMNS, counts)] = flat
     matrix = padded.reshape(-1, COLUMNS)
     sums = np.empty((len(counts), SIGNS + 1, COLUMNS))
-    # Arrays of one number of rows at a time: one product of a stack of them each.
-    for size in np.unique(rows).tolist():
-        mine = np.flatnonzero(rows == size)
-        block = matrix[first_row[mine][:, None] + np.arange(size)]
-        signs = _signs(_capacity(size), torch.float64).numpy()[:, :size]
-        sums[mine] = np.matmul(signs, block)
     result = np.zeros((len(counts), len(STATISTICS) + SKETCH))
     result[:, 0] = counts
     with np.errstate(invalid="ignore", over="ignore"):  # NaN and Inf: small_rows counts them
+        # Arrays of one number of rows at a time: one product of a stack of them each.
+        for size in np.unique(rows).tolist():
+            mine = np.flatnonzero(rows == size)
+            block = matrix[first_row[mine][:, None] + np.arange(size)]
+            signs = _signs(_capacity(size), torch.float64).numpy()[:, :size]
+            sums[mine] = np.matmul(signs, block)
         norm = np.sqrt(np.add.reduceat(flat * flat, starts))
         result[:, 3] = np.minimum.reduceat(flat, starts)
         result[:, 4] = np.maximum.reduceat(flat, starts)
