@@ -137,3 +137,28 @@ def test_a_command_whose_recorded_process_runs_no_op_is_refused_with_the_way_out
     worker.write_text("import torch\nprint((torch.ones(3) * 2).sum())\n")
     again = detctx("record", "-o", str(tmp_path / "w.trace"), "--", sys.executable, str(worker))
     assert again.returncode == 0, again.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("ending", "outcome"),
+    [
+        ("sys.exit(3)", "the command exited with status 3"),
+        ("raise RuntimeError('Trying to resize storage')", "raised RuntimeError: Trying to"),
+    ],
+)
+def test_recordings_of_a_failing_command_never_agree_even_with_each_other(
+    ending: str, outcome: str, tmp_path: Path
+) -> None:
+    script = tmp_path / "fails.py"
+    script.write_text(
+        f"import sys, torch\ntorch.ones(4).mul(2).sum()\n{ending}\n", encoding="utf-8"
+    )
+    for name in ("a.trace", "b.trace"):
+        done = detctx("record", "-o", str(tmp_path / name), "--", sys.executable, str(script))
+        assert done.returncode == 2 and "the command exited with status" in done.stderr
+    compared = detctx("compare", str(tmp_path / "a.trace"), str(tmp_path / "b.trace"), "--json")
+    assert compared.returncode == 1, compared.stderr
+    result = json.loads(compared.stdout)
+    assert not result["agree"] and not result["bitwise"] and result["past_tolerance"] == []
+    assert result["not_completed"]["A"].startswith(f"rank 0 {outcome}")

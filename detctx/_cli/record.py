@@ -66,6 +66,10 @@ SITE_FOLDER: Final = "site"
 
 _SHIM: Final = recording_shim("detctx record", "record", RECORD_ENV, "detctx._cli.record_child")
 _CHUNK: Final = struct.Struct("<cQI")
+_TAIL: Final = 4096
+"""Bytes at a trace's end read for its end chunk (its outcome is at most 1,024 characters)."""
+_COMPLETED: Final = "completed"
+""":data:`detctx._compare.format.COMPLETED` (importing it from there would import torch)."""
 """A trace chunk's kind, length and CRC-32 (:mod:`detctx._compare.format`, which imports torch)."""
 _UNRECORDED: Final = (
     "the process detctx recorded ran no torch op. detctx record records the first Python "
@@ -130,6 +134,10 @@ def record(path: Path, command: list[str]) -> int:
             sys.stderr.write(f"detctx record: stopped; nothing written to {shown}\n")
             raise
         ranks = sorted(staging.glob("rank*.trace"))
+        if status != 0:
+            for trace in ranks or [staging / "main.trace"]:
+                if trace.is_file():
+                    _mark_failed(trace, status)
         empty = [
             trace.name if ranks else str(shown)
             for trace in (ranks or [staging / "main.trace"])
@@ -191,13 +199,13 @@ def _run(command: list[str], env: dict[str, str]) -> int:
     return process.returncode
 
 
-def _ops_in(trace: Path) -> int | None:
-    """How many ops a complete trace holds, read from its end chunk; ``None`` when it has
+def _end_of(trace: Path) -> tuple[int, dict[str, Any]] | None:
+    """Where a complete trace's end chunk starts, and what it holds; ``None`` when it has
     none (a trace cut short, which the compare reports)."""
     try:
         with open(trace, "rb") as stream:
             size = stream.seek(0, os.SEEK_END)
-            stream.seek(max(0, size - 256))
+            stream.seek(max(0, size - _TAIL))
             tail = stream.read()
     except OSError:
         return None
@@ -206,10 +214,38 @@ def _ops_in(trace: Path) -> int | None:
         payload = tail[start + _CHUNK.size :]
         if kind == b"E" and length == len(payload) and zlib.crc32(payload) == crc:
             try:
-                return int(json.loads(payload)["rows"][0])
-            except (ValueError, KeyError, TypeError, IndexError):
+                end = json.loads(payload)
+            except ValueError:
                 return None
+            return (size - len(tail) + start, end) if isinstance(end, dict) else None
     return None
+
+
+def _ops_in(trace: Path) -> int | None:
+    """How many ops a complete trace holds, read from its end chunk; ``None`` when it has
+    none."""
+    found = _end_of(trace)
+    try:
+        return int(found[1]["rows"][0]) if found is not None else None
+    except (KeyError, TypeError, IndexError, ValueError):
+        return None
+
+
+def _mark_failed(trace: Path, status: int) -> None:
+    """A trace whose process ran to its end in a command that failed says so: its end
+    chunk's outcome becomes the command's exit (a process that called ``sys.exit(1)``
+    closed it as completed; only the command's status tells)."""
+    found = _end_of(trace)
+    if found is None or found[1].get("outcome") != _COMPLETED:
+        return  # cut short, or it already says how it ended
+    start, end = found
+    ended = f"signal {-status}" if status < 0 else f"status {status}"
+    end["outcome"] = f"the command exited with {ended}"
+    payload = json.dumps(end).encode()
+    with open(trace, "r+b") as stream:
+        stream.seek(start)
+        stream.write(_CHUNK.pack(b"E", len(payload), zlib.crc32(payload)) + payload)
+        stream.truncate()
 
 
 def _tolerance(text: str) -> float:
