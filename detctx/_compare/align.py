@@ -16,10 +16,10 @@ for the fewest keys to pass over, on both sides together, to be back in step
 for :data:`RUN` equal keys in a row, or at both ends: Myers' O((N+M)D)
 search, D bounded by :data:`EDITS` and by the nearest place where
 :data:`RUN` equal keys start (every run of :data:`RUN` keys is hashed to
-find it; a search is skipped where no key before that place is on both
-sides). Equal keys met on the way pair too. Where that place is more than
-:data:`EDITS` keys away, the walk jumps to it, and the region passed over is
-matched with :class:`difflib.SequenceMatcher` when it is small (at most
+find it; no search where no key within that many is on both sides). Equal
+keys met on the way pair too. Where the search finds no way back within
+:data:`EDITS` keys, the walk jumps to that place, and the region passed over
+is matched with :class:`difflib.SequenceMatcher` when it is small (at most
 :data:`GAP_CELLS` pairs of keys), else left unpaired. Once no such place is
 left, the ends are the next place in step: the keys equal up to both ends
 pair (a module's last op, after one fused kernel in A and its unfused ops in
@@ -204,8 +204,8 @@ class Matcher:
 
     def disjoint(self, i: int, p: int, j: int, q: int) -> bool:
         """Whether no key of ``a[i:p]`` is in ``b[j:q]``."""
-        self.compared += (p - i) + (q - j)
-        return set(self.list_a[i:p]).isdisjoint(self.list_b[j:q])
+        self.compared += min(p, self.n) - i + min(q, self.m) - j
+        return set(self.list_a[i : min(p, self.n)]).isdisjoint(self.list_b[j : min(q, self.m)])
 
     def pass_over(self, i: int, p: int, j: int, q: int) -> None:
         """Pair what can be paired in ``a[i:p]`` and ``b[j:q]``, a region the search gave up on."""
@@ -235,13 +235,12 @@ class Matcher:
                 ending = (self.n, self.m, self.common_to_end(i, j))
                 self.n, self.m = self.n - ending[2], self.m - ending[2]
                 continue
-            # The nearest run bounds the search; past EDITS it is not worth searching at all,
-            # nor where no key before it is on both sides (a fused kernel's ops, and the one).
-            end = near if near is not None else (self.n, self.m)
-            cap = min(left, EDITS) if near is None else (end[0] - i) + (end[1] - j)
-            if self.disjoint(i, end[0], j, end[1]):
-                cap = EDITS + 1
-            resumed = self.back_in_step(i, j, cap) if cap <= EDITS else None
+            # The nearest run bounds the search. Where no key is on both sides within that
+            # many keys (a fused kernel's ops and the one), no path can pair any before it.
+            cap = min(left if near is None else (near[0] - i) + (near[1] - j), EDITS)
+            resumed = None
+            if not self.disjoint(i, i + cap, j, j + cap):
+                resumed = self.back_in_step(i, j, cap)
             if resumed is not None:
                 i, j = resumed
                 continue
