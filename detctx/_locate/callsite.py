@@ -29,6 +29,7 @@ _INSTALLED = tuple(
 _ENGINE = tuple(
     os.path.join(_INTERNAL[0], "autograd", name) for name in ("__init__.py", "graph.py")
 )
+_DEPRECATED = os.sep + "typing_extensions.py"
 _internal: dict[CodeType, bool] = {}
 _shown: dict[str, str] = {}
 
@@ -42,6 +43,9 @@ def _is_internal(code: CodeType) -> bool:
             or filename.startswith("<frozen")
             # The standard library (multiprocessing, threading) is nobody's training code.
             or (filename.startswith(_STDLIB) and not filename.startswith(_INSTALLED))
+            # Nor typing_extensions' @deprecated wrapper, which torch 2.13 puts around
+            # dist.all_gather_into_tensor and dist.reduce_scatter_tensor.
+            or filename.endswith(_DEPRECATED)
         )
         _internal[code] = known
     return known

@@ -66,6 +66,7 @@ _BOOKKEEPING: Final = {
     "aten::cudnn_batch_norm": 3,
     "aten::_batch_norm_with_update": 3,
     "aten::_batch_norm_no_update": 3,
+    "fsdp::all_gather_copy_in": 1,
 }
 """Ops whose outputs past the first few are bookkeeping, not values: how many carry values.
 
@@ -80,7 +81,10 @@ workspace for their backward (``nn.LSTM`` and ``nn.GRU`` on the CPU: a
 uint8 tensor that holds other bits in two processes running the same);
 ``ctc_loss`` returns the loss and its forward variables, whose entries past
 each sequence's length are left as they were in memory; cuDNN's batch norm
-returns a reserve space after the output and the saved statistics. Only the
+returns a reserve space after the output and the saved statistics. FSDP2's
+``all_gather_copy_in`` returns this rank's part of the all-gather buffer,
+which it filled, then the whole buffer, whose other ranks' parts are
+uninitialised memory until the all-gather writes them. Only the
 values are recorded; a difference in a dropout seed shows in the output it
 drew, one in a workspace in the backward op that reads it.
 """
