@@ -5,8 +5,15 @@ unrecorded run; a collective whose inputs agree and whose result differs is name
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
+import pytest
 import torch
 
 import detctx
@@ -30,3 +37,120 @@ def test_storage_a_recording_has_read_can_still_be_freed(tmp_path: Path) -> None
 
 def test_storage_locate_has_read_can_still_be_freed() -> None:
     assert detctx.locate_divergence(frees_its_outputs, runs=2) is None
+
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+RANKS = TESTS / "collective_ranks.py"
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, timeout=300, env=ENV, cwd=ROOT
+    )
+
+
+def torchrun(script: Path, *args: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(script),
+        *args,
+    ]
+
+
+def losses(done: subprocess.CompletedProcess[str]) -> list[str]:
+    """Each rank's printed losses, in rank order (the ranks print in any order)."""
+    assert done.returncode == 0, done.stderr[-3000:]
+    return sorted(re.findall(r"rank \d+ losses \[[^]]*\]", done.stdout))
+
+
+def recorded(folder: Path, command: list[str]) -> list[str]:
+    """Losses of ``command`` run under ``detctx record -o folder``."""
+    return losses(run("-m", "detctx", "record", "-o", str(folder), "--", *command))
+
+
+def compared(a: Path, b: Path) -> dict[str, Any]:
+    done = run("-m", "detctx", "compare", str(a), str(b), "--json")
+    assert done.returncode in (0, 1), done.stderr
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def mesh_example(folder: Path) -> Path:
+    """docs/mesh.md's torchrun example, printing each rank's losses at its end."""
+    text = (ROOT / "docs" / "mesh.md").read_text()
+    code = text.split("<!-- example: torchrun -->\n```python\n", 1)[1].split("```", 1)[0]
+    script = folder / "mesh_example.py"
+    script.write_text(code + '\nprint(f"rank {dist.get_rank()} losses {straight!r}")\n')
+    return script
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_launch_at_a_time")
+@pytest.mark.parametrize("program", ["fsdp", "tensor-parallel", "mesh.md"])
+def test_a_sharded_run_recorded_twice_trains_as_unrecorded_and_its_traces_agree_bit_for_bit(
+    tmp_path: Path, program: str
+) -> None:
+    command = torchrun(mesh_example(tmp_path)) if program == "mesh.md" else torchrun(RANKS, program)
+    plain = losses(run(*command[1:]))
+    assert len(plain) == 2
+    assert recorded(tmp_path / "a", command) == plain
+    assert recorded(tmp_path / "b", command) == plain
+    result = compared(tmp_path / "a", tmp_path / "b")
+    assert result["bitwise"] is True, result.get("origin")
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_launch_at_a_time")
+def test_a_ddp_run_recorded_trains_as_unrecorded(tmp_path: Path) -> None:
+    command = torchrun(RANKS, "ddp")
+    plain = losses(run(*command[1:]))
+    assert recorded(tmp_path / "a", command) == plain
+    assert recorded(tmp_path / "b", command) == plain
+    assert compared(tmp_path / "a", tmp_path / "b")["bitwise"] is True
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_launch_at_a_time")
+def test_a_contribution_one_rank_adds_to_an_all_reduce_is_named_on_that_rank(
+    tmp_path: Path,
+) -> None:
+    recorded(tmp_path / "a", torchrun(RANKS, "all-reduce"))
+    recorded(tmp_path / "b", torchrun(RANKS, "all-reduce", "--nudge-rank", "1"))
+    origin = compared(tmp_path / "a", tmp_path / "b")["origin"]
+    nudge = (
+        RANKS.read_text()
+        .splitlines()
+        .index("    hidden = hidden + scale * torch.sin(x)  # the nudge")
+    )
+    assert origin["rank"] == 1
+    assert origin["source"] == f"tests/collective_ranks.py:{nudge + 1}"
+    assert origin["op"] in ("aten::mul.Tensor", "aten::add.Tensor")
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_launch_at_a_time")
+def test_an_all_reduce_whose_inputs_agree_and_whose_result_differs_is_named_with_its_group(
+    tmp_path: Path,
+) -> None:
+    # B's first all_reduce takes the maximum: every rank hands it the bits it hands A's
+    # sum, and only what the collective computes differs (as a reduction order would).
+    recorded(tmp_path / "a", torchrun(RANKS, "all-reduce"))
+    recorded(tmp_path / "b", torchrun(RANKS, "all-reduce", "--reduce-op", "max"))
+    result = compared(tmp_path / "a", tmp_path / "b")
+    origin = result["origin"]
+    assert origin["op"] == "c10d::allreduce_"
+    assert origin["input_error"] == 0.0
+    assert origin["source"].endswith("[group 0: ranks 0,1]")
+    lines = RANKS.read_text().splitlines()
+    assert (
+        lines[int(origin["source"].split(":")[1].split()[0]) - 1]
+        .strip()
+        .startswith("dist.all_reduce(hidden")
+    )

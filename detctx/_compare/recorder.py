@@ -19,6 +19,7 @@ memory: the data flow. A view reads the memory its base was written to; a copy
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import weakref
@@ -27,6 +28,17 @@ from typing import Any, Final
 
 import torch
 
+from detctx._compare.collectives import (
+    Issued,
+    Kind,
+    carries_objects,
+    issue,
+    kind,
+    local,
+    placements,
+    plain_tensors,
+    reads,
+)
 from detctx._compare.format import TraceWriter
 from detctx._compare.summaries import Summaries, spare_core
 from detctx._locate import (
@@ -36,7 +48,6 @@ from detctx._locate import (
     keep_for_backward,
     new_values,
     op_info,
-    tensors,
     user_line,
     user_line_in_backward,
 )
@@ -69,6 +80,16 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 
 
+Inputs = list[tuple[int, int]]
+"""Each input's producer: the op and output that last wrote its memory, or ``(-1, 0)``."""
+
+
+def _every(issued: dict[int, list[Issued]]) -> list[Issued]:
+    """Every collective in ``issued`` once, in the order issued."""
+    found = {waiting.number: waiting for waiting in itertools.chain(*issued.values())}
+    return [found[number] for number in sorted(found)]
+
+
 def _key(tensor: torch.Tensor) -> int | None:
     try:
         pointer = tensor.untyped_storage().data_ptr()
@@ -88,6 +109,7 @@ class StatisticsRecorder:
         self._thread = 0
         self._pending: tuple[list[torch.Tensor], tuple[str, str]] | None = None
         self._producers: dict[int, tuple[int, int]] = {}
+        self._issued: dict[int, list[Issued]] = {}  # output memory -> collectives not recorded
         self.summaries = Summaries(writer, helper=lambda: False)
         self._current_node: Callable[[], Any] | None = getattr(
             torch._C, "_current_autograd_node", None
@@ -117,13 +139,17 @@ class StatisticsRecorder:
         finally:
             self.modules.stop()
             self._annotate()
-            self._producers.clear()
-            self.summaries.close()  # every row written before the writer closes
+            try:
+                self._complete(_every(self._issued))
+            finally:
+                self._producers.clear()
+                self.summaries.close()  # every row written before the writer closes
 
     def abandon(self) -> None:
         """Stop in a forked child: nothing more is written."""
         mode, self._mode = self._mode, None
         _recording.discard(self)
+        self._issued.clear()
         self.summaries.abandon()
         self.writer.abandon()
         self.modules.stop()
@@ -146,26 +172,104 @@ class StatisticsRecorder:
         info = op_info(func)
         if self._pending is not None:
             self._annotate()
+        if info.skip and func in _VIEWS:
+            return info.call(*args, **kwargs)  # a view reads and writes nothing
+        read = plain_tensors((*args, *kwargs.values()))
+        if self._issued and reads(func):
+            self._complete(self._touched(read))  # a collective completes before it is read
+        role = kind(func)
+        if role is not Kind.PLAIN:
+            return self._collective(role, func, info, args, kwargs, read)
         if info.skip:
             result = info.call(*args, **kwargs)
-            if func not in _VIEWS:
-                read = [t for value in (*args, *kwargs.values()) for t in tensors(value)]
-                self._pass_on(func, info.name, read, tensors(result))
+            self._pass_on(func, info.name, read, plain_tensors([result]))
             return result
-        read = [t for value in (*args, *kwargs.values()) for t in tensors(value)]
         inputs = [self._producer(tensor) for tensor in read]
         result = info.call(*args, **kwargs)
         outputs = new_values(info, args, kwargs, result)
         if not outputs:
             return result
         where = self._where(outputs)
-        self.summaries.put((info.name, *where), outputs, inputs)
+        if any(type(t) is not torch.Tensor for t in outputs):
+            noted = placements(outputs)  # DTensors: each rank's shard, its placements noted
+            where = (where[0], f"{where[1]} [{noted}]" if noted else where[1], where[2])
+            outputs = [local(tensor) for tensor in outputs]
+        self._record((info.name, *where), outputs, inputs)
+        return result
+
+    def _record(
+        self, strings: tuple[str, str, str, str], outputs: list[torch.Tensor], inputs: Inputs
+    ) -> None:
+        self.summaries.put(strings, outputs, inputs)
         for position, tensor in enumerate(outputs):
             key = _key(tensor)
             if key is not None:
                 self._producers[key] = (self.count, position)
         self.count += 1
+
+    def _collective(
+        self,
+        role: Kind,
+        func: Any,
+        info: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        read: list[torch.Tensor],
+    ) -> Any:
+        """A collective is recorded once it has completed (see :mod:`.collectives`)."""
+        result = info.call(*args, **kwargs)
+        if role is Kind.PASSING or role is Kind.SILENT:
+            return result
+        issued = None
+        if role is Kind.COLLECTIVE and not carries_objects():
+            issued = issue(func, args, kwargs, result)
+        if issued is None:  # not recorded: what it writes has no producer
+            for tensor in read:
+                key = _key(tensor)
+                if key is not None:
+                    self._producers.pop(key, None)
+            return result
+        inputs, outputs, wait, group = issued
+        module, source, node = self._where(outputs)
+        keys = [_key(tensor) for tensor in outputs]
+        waiting = Issued(
+            (info.name, module, f"{source} [{group}]", node),
+            outputs,
+            [self._producer(tensor) for tensor in inputs],
+            wait,
+            keys,
+        )
+        for key in set(keys):
+            if key is not None:
+                self._issued.setdefault(key, []).append(waiting)
         return result
+
+    def _touched(self, read: list[torch.Tensor]) -> list[Issued]:
+        """The collectives not recorded yet whose outputs share memory with ``read``."""
+        found: dict[int, Issued] = {}
+        for tensor in read:
+            key = _key(tensor)
+            for issued in self._issued.get(key, ()) if key is not None else ():
+                found[issued.number] = issued
+        return [found[number] for number in sorted(found)]
+
+    def _complete(self, issued: list[Issued]) -> None:
+        """Wait for each collective in ``issued`` and write its row, in the order issued."""
+        for waiting in issued:
+            for key in {key for key in waiting.keys if key is not None}:
+                others = [other for other in self._issued.get(key, ()) if other is not waiting]
+                if others:
+                    self._issued[key] = others
+                else:
+                    self._issued.pop(key, None)
+        for waiting in issued:
+            try:
+                waiting.wait()
+            except RuntimeError:
+                continue  # it failed: the program meets the error at its own wait
+            if any(_key(tensor) != key for tensor, key in zip(waiting.outputs, waiting.keys)):
+                continue  # its memory was freed or replaced (resize_): nothing left to read
+            self._record(waiting.strings, waiting.outputs, waiting.inputs)
 
     def _where(self, outputs: list[torch.Tensor]) -> tuple[str, str, str]:
         """Module path, source line and autograd node (``""`` in the forward pass)."""
