@@ -42,7 +42,13 @@ if TYPE_CHECKING:
         open_blocks,
         seed_all,
     )
-    from detctx._compare import TraceComparison, compare_traces, recording
+    from detctx._compare import (
+        OpError,
+        TraceComparison,
+        UnpairedOps,
+        compare_traces,
+        recording,
+    )
     from detctx._data import (
         DCPResumeState,
         ElasticLoader,
@@ -163,7 +169,13 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "restore",
         "PlainStateSource",
     ),
-    "detctx._compare": ("TraceComparison", "compare_traces", "recording"),
+    "detctx._compare": (
+        "OpError",
+        "TraceComparison",
+        "UnpairedOps",
+        "compare_traces",
+        "recording",
+    ),
     "detctx._environment": ("EnvSwitchOptions",),
     "detctx._switches": ("SwitchOptions",),
 }
@@ -198,6 +210,7 @@ __all__ = [
     "MetricsError",
     "MissingDependencyError",
     "NotReproducibleError",
+    "OpError",
     "OutOfOrderExitError",
     "PlainStateSource",
     "ProbeOp",
@@ -213,6 +226,7 @@ __all__ = [
     "TraceComparison",
     "TraceError",
     "UndeclaredStreamError",
+    "UnpairedOps",
     "__version__",
     "agree_seed",
     "capture",

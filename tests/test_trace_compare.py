@@ -165,9 +165,12 @@ def test_compare_traces_returns_the_json_fields_as_an_object(tmp_path: Path) -> 
     b = record(tmp_path / "b.trace", scale_layer=0)
     result = detctx.compare_traces(a, b)
     assert not result.agree and not result.bitwise
-    assert result.origin is not None and result.origin["module_path"] == "GPT.h.0.mlp"
+    assert result.origin is not None and result.origin.module_path == "GPT.h.0.mlp"
+    assert isinstance(result.origin, detctx.OpError)
+    assert result.origin.kind == "origin" and result.origin.error > result.origin.tolerance
+    assert all(isinstance(entry, detctx.OpError) for entry in result.past_tolerance)
     fields = {"rank", "index", "op", "module_path", "source", "error", "tolerance", "kind"}
-    assert fields <= set(result.origin) and all(fields <= set(e) for e in result.past_tolerance)
+    assert fields <= set(result.as_dict()["origin"])
     assert set(result.as_dict()) >= {
         "agree",
         "bitwise",
@@ -189,7 +192,7 @@ def test_rounding_a_float32_tensor_to_bfloat16_is_past_the_default_tolerance(
         (x @ x).to(torch.bfloat16).to(torch.float32).tanh()
     result = detctx.compare_traces(tmp_path / "a.trace", tmp_path / "b.trace")
     assert not result.agree
-    assert result.origin is not None and result.origin["op"] == "aten::_to_copy"
+    assert result.origin is not None and result.origin.op == "aten::_to_copy"
 
 
 @pytest.mark.parametrize("seed", range(40))

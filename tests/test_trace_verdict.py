@@ -391,3 +391,12 @@ def test_a_small_trace_compares_in_a_process_with_two_gb_of_address_space(
     )
     assert done.returncode == 0, done.stderr
     assert "AGREE bit for bit" in done.stdout
+
+
+def test_an_output_of_zeros_has_the_relative_tolerance_not_a_huge_one(tmp_path: Path) -> None:
+    a = record(tmp_path / "a.trace", lambda: (torch.zeros(5).add(0), torch.ones(5).mul(3)))
+    b = record(tmp_path / "b.trace", lambda: (torch.zeros(5).add(0), torch.ones(5).mul(4)))
+    result = detctx.compare_traces(a, b)
+    (zeros, changed) = result.ranks[0].tolerance.tolist()
+    assert zeros == pytest.approx(3e-4) and changed < 1e-3
+    assert result.origin is not None and result.origin.index == 1

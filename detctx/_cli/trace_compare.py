@@ -95,9 +95,9 @@ def plot_errors(result: TraceComparison, path: Path) -> None:
             )
         origin = result.origin
         if origin is not None:
-            at = min(float(origin["error"]), ceiling)
+            at = min(float(origin.error), ceiling)
             axes.plot(
-                [origin["index"]],
+                [origin.index],
                 [at],
                 "o",
                 color="red",
@@ -106,8 +106,8 @@ def plot_errors(result: TraceComparison, path: Path) -> None:
                 label="origin",
             )
             axes.annotate(
-                f"{origin['op']}\n{origin['module_path']}\n{origin['source']}",
-                (origin["index"], at),
+                f"{origin.op}\n{origin.module_path}\n{origin.source}",
+                (origin.index, at),
                 textcoords="offset points",
                 xytext=(10, 10),
                 fontsize=8,

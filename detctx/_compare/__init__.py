@@ -12,6 +12,7 @@ sketches, and names the first op whose error its inputs do not explain.
 from __future__ import annotations
 
 from detctx._compare.compare import TOLERANCES
+from detctx._compare.findings import OpError, UnpairedOps
 from detctx._compare.reading import is_trace
 from detctx._compare.report import TraceComparison, compare_traces
 from detctx._compare.session import RECORD_ENV, recording, start_from_environment
@@ -19,7 +20,9 @@ from detctx._compare.session import RECORD_ENV, recording, start_from_environmen
 __all__ = [
     "RECORD_ENV",
     "TOLERANCES",
+    "OpError",
     "TraceComparison",
+    "UnpairedOps",
     "compare_traces",
     "is_trace",
     "recording",

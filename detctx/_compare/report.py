@@ -23,87 +23,23 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-import numpy as np
-
 from detctx._basics import TraceError
 from detctx._compare.compare import RankComparison, compare_rank
 from detctx._compare.environment import environment_differences
+from detctx._compare.findings import (
+    SHOWN_MODULES,
+    OpError,
+    UnpairedOps,
+    op_error,
+    unpaired_ops,
+)
 from detctx._compare.format import COMPLETED, UNSHARED
 from detctx._compare.reading import read_run
 
 __all__ = ["TraceComparison", "compare_traces"]
 
-_SHOWN_MODULES: Final = 5
-
 MIN_ALIGNED: Final = 0.5
 """Below this share of either trace's ops aligned, the traces record different programs."""
-
-
-def _entry(rank: RankComparison, index: int) -> dict[str, Any]:
-    trace = rank.b
-    row = trace.ops[index]
-    error, tolerance = float(rank.error[index]), float(rank.tolerance[index])
-    return {
-        "rank": rank.rank,
-        "index": index,
-        "op": trace.text(row["op"]),
-        "module_path": trace.text(row["module"]),
-        "source": trace.text(row["source"]),
-        "backward": trace.text(row["node"]) or None,
-        "error": _finite(error),
-        "tolerance": _finite(tolerance),
-        "input_error": _finite(float(rank.input_error[index])),
-        "kind": "origin" if rank.origin[index] else "inherited",
-        "compared_at_outputs": bool(rank.at_outputs[index]),
-        "dtypes": list(rank.retyped[index]) if index in rank.retyped else None,
-        "difference": rank.differences.get(index),
-    }
-
-
-def _unpaired(rank: RankComparison) -> list[dict[str, Any]]:
-    """Runs of consecutive unaccounted ops, in A and in B, with where they are."""
-    entries = []
-    for side, trace, lonely in (
-        ("A", rank.a, rank.unaccounted_a),
-        ("B", rank.b, rank.unaccounted_b),
-    ):
-        indices = np.flatnonzero(lonely)
-        if not len(indices):
-            continue
-        paired_here = (
-            np.flatnonzero(rank.alignment.partner >= 0)
-            if side == "B"
-            else rank.alignment.partner[rank.alignment.partner >= 0]
-        )
-        last_paired = int(paired_here.max()) if len(paired_here) else -1
-        breaks = np.flatnonzero(np.diff(indices) != 1) + 1
-        for run in np.split(indices, breaks):
-            first, last = int(run[0]), int(run[-1])
-            modules = list(
-                dict.fromkeys(
-                    trace.text(module) or "(no module)"
-                    for module in trace.ops["module"][run].tolist()
-                )
-            )
-            entries.append(
-                {
-                    "rank": rank.rank,
-                    "trace": side,
-                    "first": first,
-                    "last": last,
-                    "ops": len(run),
-                    "op": trace.text(trace.ops["op"][first]),
-                    "source": trace.text(trace.ops["source"][first]),
-                    "modules": modules[:_SHOWN_MODULES],
-                    "at_end": first > last_paired,
-                }
-            )
-    return entries
-
-
-def _finite(value: float) -> float | str:
-    """A number for JSON: ``inf`` and ``nan`` (a NaN count that differs) as text."""
-    return value if math.isfinite(value) else str(value)
 
 
 @dataclass
@@ -128,9 +64,9 @@ class TraceComparison:
     ranks: list[RankComparison] = field(repr=False)
     agree: bool = True
     bitwise: bool = True
-    origin: dict[str, Any] | None = None
-    past_tolerance: list[dict[str, Any]] = field(default_factory=list)
-    unpaired: list[dict[str, Any]] = field(default_factory=list)
+    origin: OpError | None = None
+    past_tolerance: list[OpError] = field(default_factory=list)
+    unpaired: list[UnpairedOps] = field(default_factory=list)
     not_completed: dict[str, str] = field(default_factory=dict)
     ranks_only: dict[str, list[int]] = field(default_factory=dict)
     environment_differences: dict[str, list[Any]] = field(default_factory=dict)
@@ -145,9 +81,9 @@ class TraceComparison:
             "b": self.b,
             "agree": self.agree,
             "bitwise": self.bitwise,
-            "origin": self.origin,
-            "past_tolerance": self.past_tolerance,
-            "unpaired": self.unpaired,
+            "origin": self.origin.as_dict() if self.origin else None,
+            "past_tolerance": [entry.as_dict() for entry in self.past_tolerance],
+            "unpaired": [entry.as_dict() for entry in self.unpaired],
             "not_completed": self.not_completed,
             "ranks_only": self.ranks_only,
             "environment_differences": self.environment_differences,
@@ -177,8 +113,8 @@ class TraceComparison:
         for side, modules in self.modules_only.items():
             lines.append(
                 f"  modules whose own ops run in {side} only: "
-                + ", ".join(modules[:_SHOWN_MODULES])
-                + (f" and {len(modules) - _SHOWN_MODULES} more" if len(modules) > 5 else "")
+                + ", ".join(modules[:SHOWN_MODULES])
+                + (f" and {len(modules) - SHOWN_MODULES} more" if len(modules) > 5 else "")
             )
         if self.environment_differences:
             lines.append("environment differences (A -> B):")
@@ -202,7 +138,7 @@ class TraceComparison:
         if self.ranks_only:
             reasons.append("the runs hold other ranks")
         if self.unpaired:
-            ops = sum(entry["ops"] for entry in self.unpaired)
+            ops = sum(entry.ops for entry in self.unpaired)
             reasons.append(f"{ops} ops in one trace only")
         if self.past_tolerance:
             reasons.append(f"{len(self.past_tolerance)} ops past tolerance")
@@ -216,15 +152,15 @@ class TraceComparison:
             lines.append(f"ranks only {side} has, not compared: {ranks}")
         for entry in self.unpaired[:shown]:
             where = (
-                f"at the end of {entry['trace']} (the other run stops before them: fewer "
+                f"at the end of {entry.trace} (the other run stops before them: fewer "
                 "steps, or cut short)"
-                if entry["at_end"]
+                if entry.at_end
                 else "that no compared value reads"
             )
             lines.append(
-                f"only in {entry['trace']}: rank {entry['rank']} ops {entry['first']}.."
-                f"{entry['last']} ({entry['ops']} ops, from {entry['op']} at "
-                f"{entry['source']}) in {', '.join(entry['modules'])}, {where}"
+                f"only in {entry.trace}: rank {entry.rank} ops {entry.first}.."
+                f"{entry.last} ({entry.ops} ops, from {entry.op} at "
+                f"{entry.source}) in {', '.join(entry.modules)}, {where}"
             )
         if len(self.unpaired) > shown:
             lines.append(f"  ... {len(self.unpaired) - shown} more runs of ops (--json lists all)")
@@ -239,23 +175,23 @@ class TraceComparison:
             )
         else:
             lines.append(
-                f"origin: rank {origin['rank']}, op {origin['index']} {origin['op']} in "
-                f"{origin['module_path'] or '(no module)'} ({origin['source']}): error "
-                f"{_number(origin['error'])}, tolerance {_number(origin['tolerance'])}; "
-                f"its inputs' largest error {_number(origin['input_error'])}"
+                f"origin: rank {origin.rank}, op {origin.index} {origin.op} in "
+                f"{origin.module_path or '(no module)'} ({origin.source}): error "
+                f"{_number(origin.error)}, tolerance {_number(origin.tolerance)}; "
+                f"its inputs' largest error {_number(origin.input_error)}"
                 + (
-                    f"; {origin['dtypes'][0]} in A, {origin['dtypes'][1]} in B"
-                    if origin["dtypes"]
+                    f"; {origin.dtypes[0]} in A, {origin.dtypes[1]} in B"
+                    if origin.dtypes
                     else ""
                 )
-                + (f"; {origin['difference']}" if origin["difference"] else "")
+                + (f"; {origin.difference}" if origin.difference else "")
             )
-        for entry in self.past_tolerance[:shown]:
+        for past in self.past_tolerance[:shown]:
             lines.append(
-                f"  {entry['kind']:9} rank {entry['rank']} op {entry['index']} {entry['op']} "
-                f"{entry['module_path'] or '(no module)'} {entry['source']} error "
-                f"{_number(entry['error'])}"
-                + (f" ({entry['difference']})" if entry["difference"] else "")
+                f"  {past.kind:9} rank {past.rank} op {past.index} {past.op} "
+                f"{past.module_path or '(no module)'} {past.source} error "
+                f"{_number(past.error)}"
+                + (f" ({past.difference})" if past.difference else "")
             )
         if len(self.past_tolerance) > shown:
             lines.append(f"  ... {len(self.past_tolerance) - shown} more (--json lists all)")
@@ -335,15 +271,15 @@ def compare_traces(
         ):
             known = result.modules_only.setdefault(side, [])
             known += [module or "(no module)" for module in modules if module not in known]
-        result.unpaired += _unpaired(compared)
+        result.unpaired += unpaired_ops(compared)
     result.modules_only = {side: found for side, found in result.modules_only.items() if found}
     for compared in result.ranks:
-        result.past_tolerance += [_entry(compared, int(i)) for i in compared.past.nonzero()[0]]
+        result.past_tolerance += [op_error(compared, int(i)) for i in compared.past.nonzero()[0]]
     result.agree = not (
         result.past_tolerance or result.unpaired or result.not_completed or result.ranks_only
     )
     result.bitwise = result.agree and all(r.bitwise for r in result.ranks)
-    origins = [entry for entry in result.past_tolerance if entry["kind"] == "origin"]
+    origins = [entry for entry in result.past_tolerance if entry.kind == "origin"]
     if origins:
-        result.origin = min(origins, key=lambda entry: (entry["index"], entry["rank"]))
+        result.origin = min(origins, key=lambda entry: (entry.index, entry.rank))
     return result
