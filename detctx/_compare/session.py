@@ -14,6 +14,7 @@ agrees with anything).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import secrets
 import sys
@@ -35,6 +36,9 @@ RECORD_ENV: Final = "DETCTX_RECORD_DIR"
 RUN_ENV: Final = "DETCTX_RECORD_RUN"
 """The run identity ``detctx record`` hands every process of its command."""
 _TORCHELASTIC_ID: Final = "TORCHELASTIC_RUN_ID"
+_RECORDINGS: Final = itertools.count()
+"""This process's recordings under a process group, numbered: the n-th of every rank
+shares the identity the first of them put in the group's store."""
 
 
 def _well_formed(text: str) -> bool:
@@ -45,24 +49,22 @@ def run_identity(world: int) -> str:
     """The identity every rank of this run writes in its trace's header.
 
     In order: ``$DETCTX_RECORD_RUN`` (``detctx record`` sets it for every process it
-    starts); rank 0's random identity, broadcast when a process group of ``world`` ranks
-    is initialised as the recording starts; torchrun's run id (``--standalone`` draws
-    one per run; ``--rdzv-id`` names it) with its restart count; a fresh random one for a
-    single process. A rank with none of these writes :data:`UNSHARED`, and the compare
-    says that the folder's traces could not be checked to come from one run.
+    starts); with a process group of ``world`` ranks initialised as the recording starts,
+    the first identity any rank puts in the group's store for this recording (each rank's
+    n-th recording shares one; no rank waits for another, so a recording that only some
+    ranks start cannot hang); torchrun's run id (``--standalone`` draws one per run;
+    ``--rdzv-id`` names it) with its restart count; a fresh random one for a single
+    process. A rank with none of these writes :data:`UNSHARED`, and the compare says that
+    the folder's traces could not be checked to come from one run.
     """
     given = os.environ.get(RUN_ENV, "")
     if _well_formed(given):
         return given
     if world == 1:
         return secrets.token_hex(16)
-    distributed = getattr(torch, "distributed", None)
-    if distributed is not None and distributed.is_available() and distributed.is_initialized():
-        if distributed.get_world_size() == world:
-            shared = [secrets.token_hex(16)]
-            distributed.broadcast_object_list(shared, src=0)
-            if isinstance(shared[0], str) and _well_formed(shared[0]):
-                return shared[0]
+    shared = _from_group_store(world)
+    if shared is not None:
+        return shared
     elastic = os.environ.get(_TORCHELASTIC_ID, "")
     if elastic and elastic != "none":
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
@@ -70,6 +72,25 @@ def run_identity(world: int) -> str:
         if _well_formed(identity):
             return identity
     return UNSHARED
+
+
+def _from_group_store(world: int) -> str | None:
+    distributed = getattr(torch, "distributed", None)
+    if distributed is None or not distributed.is_available() or not distributed.is_initialized():
+        return None
+    if distributed.get_world_size() != world:
+        return None
+    try:
+        # Private but present from torch 2.1 on; compare_set puts a value only where none
+        # is, and returns the one there.
+        from torch.distributed.distributed_c10d import _get_default_store
+
+        key = f"detctx/recording/{next(_RECORDINGS)}"
+        value = _get_default_store().compare_set(key, "", secrets.token_hex(16))
+    except (ImportError, AttributeError, RuntimeError, ValueError):
+        return None
+    text = value.decode("ascii", "replace") if isinstance(value, bytes) else str(value)
+    return text if _well_formed(text) else None
 
 
 def _open(path: Path, rank: int, world: int, run: str) -> TraceWriter:
