@@ -38,6 +38,7 @@ SCENARIOS = {
     "elastic": "benchmarks.elastic_loader",
     "locate_speed": "benchmarks.s10_locate_speed",
     "dcp": "benchmarks.dcp_resume",
+    "compare_alignment": "benchmarks.s12_compare_alignment",
 }
 
 

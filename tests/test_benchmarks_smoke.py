@@ -96,3 +96,21 @@ def test_the_start_up_scenarios_compare_against_torch_and_pytest_without_the_plu
         assert row["against"] == "the same with -p no:detctx"
         assert row["target"] == {"kind": "ratio", "limit": 1.2}
     assert "| 7 first block |" in text and "| 8 pytest start-up |" in text
+
+
+@pytest.mark.slow
+def test_the_compare_alignment_scenario_times_each_pair_against_the_difflib_alignment(
+    tmp_path: Path,
+) -> None:
+    data, text = quick_run(tmp_path, ("compare_alignment",))
+    rows = data["scenarios"]["compare_alignment"]["rows"]
+    subjects = [row["subject"] for row in rows]
+    assert any("one extra op in the middle" in subject for subject in subjects)
+    assert any("one extra layer call" in subject for subject in subjects)
+    assert any("against itself" in subject for subject in subjects)
+    for row in rows:
+        assert row["status"] in ("met", "missed"), row
+        assert row["against"] == "the same compare, difflib alignment (before)", row
+        assert row["value"]["median"] > 0 and row["baseline"]["median"] > 0 and row["ratio"] > 0
+        assert " paired" in row["note"], row
+    assert "## align() alone (12 compare alignment)" in text
