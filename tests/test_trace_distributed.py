@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,8 @@ import pytest
 import torch
 
 import detctx
+import detctx._compare.summaries as summaries_module
+from detctx._compare.summaries import Summaries
 
 
 def frees_its_outputs() -> None:
@@ -154,3 +157,55 @@ def test_an_all_reduce_whose_inputs_agree_and_whose_result_differs_is_named_with
         .strip()
         .startswith("dist.all_reduce(hidden")
     )
+
+
+@pytest.mark.slow
+def test_the_recording_memory_benchmark_reports_peak_rss_and_time_on_a_short_run() -> None:
+    done = run("-m", "benchmarks.s13_record_memory", "--ops", "3000", "--no-hog")
+    assert done.returncode == 0, done.stderr
+    assert "3000 tiny ops" in done.stdout
+    above = re.search(r"peak above the program's own: (-?\d+) MB", done.stdout)
+    assert above is not None, done.stdout
+    assert re.search(r"recorded: +peak RSS \d+ MB, [\d.]+ s", done.stdout)
+
+
+class _NoFile:
+    """A writer for a queue whose rows are never written."""
+
+    def begin(self) -> None:
+        return None
+
+
+class _Waits(Exception):
+    """The program would wait for the helper here."""
+
+
+def test_the_program_waits_for_a_helper_that_falls_behind_once_it_holds_pending_ops(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A helper stuck on its first batch (a busy machine, slowed to a halt), tiny outputs
+    # whose bytes never reach the byte bound: the ops it holds stop at PENDING_OPS.
+    monkeypatch.setattr(summaries_module, "PENDING_OPS", 8)
+    release = threading.Event()
+    monkeypatch.setattr(Summaries, "_finish", lambda self, batch: release.wait())
+    summaries = Summaries(_NoFile(), helper=lambda: True)  # type: ignore[arg-type]
+    program = threading.get_ident()
+    helper_wait = summaries._changed.wait
+    held: list[int] = []
+
+    def wait(timeout: float | None = None) -> bool:
+        if threading.get_ident() != program:
+            return helper_wait(timeout)
+        held.append(len(summaries._queue) + summaries._in_hand)
+        raise _Waits
+
+    monkeypatch.setattr(summaries._changed, "wait", wait)
+    put = 0
+    with pytest.raises(_Waits):
+        for _ in range(100):
+            summaries.put(("aten::add.Tensor", "", "x.py:1", ""), [torch.ones(4)], [])
+            put += 1
+    assert (put, held) == (8, [8])
+    monkeypatch.setattr(summaries._changed, "wait", helper_wait)
+    release.set()
+    summaries.close()

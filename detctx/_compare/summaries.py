@@ -33,10 +33,13 @@ and the step would slow. Other outputs on the CPU below
 :data:`SMALLEST_COPY` (bfloat16), outputs on an accelerator (whose work is
 queued on the device) and outputs larger than :data:`LARGEST_COPY` (no
 second copy of a huge tensor) are summarised in line. Copies waiting for
-the helper are bounded by :data:`PENDING_BYTES`; past that, the program
-waits. Before a fork (a DataLoader starting its workers) the recorder has
-every op put so far written, so the child inherits no thread in the middle
-of a torch call and no rows to write. A summary that fails stops the
+the helper are bounded by :data:`PENDING_BYTES`, and the ops waiting for it
+(each holds its outputs' small copies, producers and rows to be) by
+:data:`PENDING_OPS`; past either, the program waits: a helper that falls
+behind (a busy machine) slows the program, never grows its memory. Before
+a fork (a DataLoader starting its workers) the recorder has every op put so
+far written, so the child inherits no thread in the middle of a torch call
+and no rows to write. A summary that fails stops the
 program at its next op and leaves the trace cut short, with a helper or
 without.
 """
@@ -57,10 +60,23 @@ from detctx._compare.format import TraceWriter
 from detctx._compare.sketch import SKETCH, STATISTICS, numpy_values, small_rows, statistics
 from detctx._locate import PUBLIC_KEY, Staging, combine_digests, tensor_digest
 
-__all__ = ["BATCH_OPS", "LARGEST_COPY", "PENDING_BYTES", "SMALLEST_COPY", "Summaries", "spare_core"]
+__all__ = [
+    "BATCH_OPS",
+    "LARGEST_COPY",
+    "PENDING_BYTES",
+    "PENDING_OPS",
+    "SMALLEST_COPY",
+    "Summaries",
+    "spare_core",
+]
 
 PENDING_BYTES: Final = 256 << 20
 """Bytes of copies waiting for the helper before the program waits for it."""
+PENDING_OPS: Final = 1 << 14
+"""Ops waiting for the helper (queued, or in the batch it has in hand) before the program
+waits for it. Bytes alone did not bound them: 2,000,000 ops of 16-byte outputs on a busy
+machine held 2.3 to 2.7 GB (``python -m benchmarks.s13_record_memory``). The helper takes
+half of this at a time, so the program fills the other half meanwhile."""
 SMALLEST_COPY: Final = 1 << 16
 """Smaller CPU outputs are summarised in line (a few microseconds of NumPy): handing them
 over costs the program about what summarising them does."""
@@ -132,6 +148,7 @@ class Summaries:
         self._queue: collections.deque[_Op] = collections.deque()
         self._changed = threading.Condition()
         self._pending = 0
+        self._in_hand = 0  # ops in the batch the helper has in hand
         self._busy = False
         self._closing = False
         self._failure: BaseException | None = None
@@ -167,7 +184,10 @@ class Summaries:
         size = sum(output.size for output in summaries)
         op = (strings, summaries, inputs, size)
         with self._changed:
-            while self._pending and self._pending + size > PENDING_BYTES and not self._failure:
+            while not self._failure and (
+                len(self._queue) + self._in_hand >= PENDING_OPS
+                or (self._pending and self._pending + size > PENDING_BYTES)
+            ):
                 self._changed.wait()
             self._queue.append(op)
             self._pending += size
@@ -279,9 +299,10 @@ class Summaries:
                         self._changed.wait()
                     if not self._queue:
                         return
-                    # Every op waiting: their small outputs are summarised together.
-                    batch = list(self._queue)
-                    self._queue.clear()
+                    # The ops waiting: their small outputs are summarised together.
+                    take = min(len(self._queue), PENDING_OPS // 2)
+                    batch = [self._queue.popleft() for _ in range(take)]
+                    self._in_hand = take
                     self._busy = True
                 try:
                     self._finish(batch)
@@ -291,11 +312,13 @@ class Summaries:
                         self._failure = exc
                         self._queue.clear()
                         self._pending = 0
+                        self._in_hand = 0
                         self._busy = False
                         self._changed.notify_all()
                     return
                 with self._changed:
                     self._pending -= sum(op[3] for op in batch)
+                    self._in_hand = 0
                     self._busy = False
                     self._changed.notify_all()
 
