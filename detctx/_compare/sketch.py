@@ -194,7 +194,7 @@ def _fill(row: np.ndarray, numbers: np.ndarray, scale: float) -> None:
     row[5] = float(sums[SIGNS].sum()) / scale / (row[0] - row[1] - row[2])
     row[6] = norm / scale
     if norm > 0.0:
-        row[_S:] = np.einsum("kc,kcm->km", sums[:SIGNS], _folds()).reshape(-1) / norm
+        row[_S:] = np.matmul(sums[:SIGNS, None, :], _folds()).reshape(-1) / norm
 
 
 def statistics(tensor: torch.Tensor) -> np.ndarray | None:
@@ -305,7 +305,9 @@ def _rows(flat: np.ndarray, counts: np.ndarray) -> np.ndarray:
         result[:, 4] = np.maximum.reduceat(flat, starts)
         result[:, 5] = sums[:, SIGNS].sum(axis=1) / counts
         result[:, 6] = norm
-        folded = np.einsum("akc,kcm->akm", sums[:, :SIGNS], _folds()).reshape(len(counts), -1)
+        # A product per array and repeat, so each array's numbers are the ones it has
+        # alone (one product over all arrays could sum in another order for another count).
+        folded = np.matmul(sums[:, :SIGNS, None, :], _folds()[None]).reshape(len(counts), -1)
         result[:, _S:] = folded / np.where(norm > 0, norm, 1.0)[:, None]
     return result
 
