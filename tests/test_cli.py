@@ -133,7 +133,15 @@ def test_doctor_prints_a_report_and_warns_about_hccl_and_hash_seeds():
 
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert set(report) == {"versions", "devices", "flags", "environment", "warnings"}
+    assert set(report) == {
+        "versions",
+        "build",
+        "devices",
+        "cpu",
+        "flags",
+        "environment",
+        "warnings",
+    }
     assert report["environment"]["HCCL_DETERMINISTIC"] == "1"
     warnings = "\n".join(report["warnings"])
     assert "HCCL_DETERMINISTIC=1 is not a value torch_npu accepts" in warnings

@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from detctx._basics import (
     DEFAULT_SEED,
@@ -105,6 +106,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     doctor.add_argument(
         "--device", metavar="TYPE", action="append", help="with --probe: only this device type"
+    )
+    doctor.add_argument(
+        "--diff",
+        nargs=2,
+        type=Path,
+        metavar=("A.json", "B.json"),
+        help="list the rows two machines' `detctx doctor --json` reports give differently, "
+        "side by side (as `detctx compare A.json B.json` does)",
     )
 
     curve_options = _Parser(add_help=False)
@@ -209,10 +218,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             status = dispatch(args)
             if status is not None:
                 return status
+        if args.command == "compare":
+            from detctx._cli.doctor_diff import doctor_reports
+
+            reports = doctor_reports(args.logs)
+            if reports is not None:
+                return _doctor_diff(reports, args.logs)
         pattern = compile_pattern(args.pattern)
         if args.command == "compare":
             curves = [read_curve(p, pattern=args.pattern, metric=args.metric) for p in args.logs]
-            return _report(compare(curves), args.plot, _metric_name(args))
+            return _report(compare(curves), args.plot, _metric_name(args), one_environment=False)
         with forwarded_signals():
             return _run(args.command_parser, args, pattern)
     except (DetctxError, ValueError, OSError) as exc:
@@ -231,6 +246,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
+    if args.diff is not None:
+        if args.probe or args.json or args.device:
+            raise ValueError("--diff compares two saved reports: give it alone")
+        from detctx._cli.doctor_diff import read_report
+
+        return _doctor_diff([read_report(path) for path in args.diff], args.diff)
     if args.probe:
         from detctx._cli import probe
 
@@ -245,6 +266,15 @@ def _doctor(args: argparse.Namespace) -> int:
     else:
         print(diagnosis.format())
     return AGREE
+
+
+def _doctor_diff(reports: list[dict[str, Any]], paths: Sequence[Path]) -> int:
+    from detctx._cli.curves import short_names
+    from detctx._cli.doctor_diff import compare_reports
+
+    text, agree = compare_reports(reports, short_names([str(path) for path in paths]))
+    print(text)
+    return AGREE if agree else DIFFER
 
 
 def _run(
@@ -330,8 +360,11 @@ def _report(
     start: str | None = None,
     cause: str = "",
     notes: str = "",
+    one_environment: bool = True,
 ) -> int:
-    print(describe(comparison, start=start, cause=cause, notes=notes))
+    print(
+        describe(comparison, start=start, cause=cause, notes=notes, one_environment=one_environment)
+    )
     verdict = AGREE if comparison.agree else DIFFER
     if plot_path is not None:
         try:

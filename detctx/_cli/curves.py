@@ -7,20 +7,24 @@ NaN equals NaN; ``-0.0`` differs from ``0.0``). Carriage returns count as line
 ends, so progress-bar refreshes (tqdm, Lightning) are separate lines. A log
 whose numbers show fewer than :data:`FULL_DIGITS` significant digits has
 rounded them (Hugging Face 5.x prints 4, Lightning's progress bar 3
-decimals): curves that agree then agree at that printed precision only.
+decimals, torchtitan 5): curves that agree then agree at that printed precision only.
+Terminal colour codes are taken out of every line before it is read: torchtitan
+colours its console log unless ``--metrics.disable_color_printing``, and a code
+between ``step:`` and ``loss:`` would otherwise hide both.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePath
 from typing import Final
 
 from detctx._basics import MetricsError, same_float
 from detctx._cli.hints import FrameworkSigns
+from detctx._cli.log_environment import environment_of
 from detctx._cli.paths import read_log_text
 
 __all__ = [
@@ -42,6 +46,7 @@ __all__ = [
     "shortened",
     "significant_digits",
     "split_lines",
+    "without_colours",
 ]
 
 METRIC_VALUE: Final = (
@@ -73,6 +78,9 @@ _STEP: Final = re.compile(
     r"(?<![\w.])(?:global_step|step|iteration|iter)['\"]?\s*(?:[:=]\s*)?(\d+)", re.IGNORECASE
 )
 _LINE_END: Final = re.compile(r"\r\n|\r|\n")
+# A CSI sequence, parameters read loosely: torchtitan's orange is "\033[38;2,180;60,0m",
+# commas where the standard has semicolons.
+_COLOUR: Final = re.compile(r"\x1b\[[\x20-\x3f]*[\x40-\x7e]")
 
 PATTERN_REACH: Final = 4096
 """How many characters of a line a ``--pattern`` regex is searched in.
@@ -103,10 +111,12 @@ class Point:
 
 @dataclass(frozen=True)
 class Curve:
-    """The metric values of one run or log, in order."""
+    """The metric values of one run or log, in order, and the environment its log names
+    (:func:`~detctx._cli.log_environment.environment_of`; empty when it names none)."""
 
     name: str
     points: tuple[Point, ...]
+    environment: Mapping[str, str] = field(default_factory=dict)
 
 
 def compile_pattern(pattern: str | None, *, linear: bool = False) -> re.Pattern[str]:
@@ -126,6 +136,11 @@ def compile_pattern(pattern: str | None, *, linear: bool = False) -> re.Pattern[
     if linear:
         _linear_sources.add(source)
     return compiled
+
+
+def without_colours(text: str) -> str:
+    """``text`` without terminal colour codes (``\\x1b[32m``)."""
+    return _COLOUR.sub("", text) if "\x1b" in text else text
 
 
 def split_lines(text: str) -> list[str]:
@@ -148,6 +163,7 @@ def extract(lines: Iterable[str], pattern: re.Pattern[str], name: str = "log") -
 
 def parse_line(line: str, number: int, pattern: re.Pattern[str], name: str) -> Point | None:
     """The metric point on one line, or ``None`` when the pattern does not match it."""
+    line = without_colours(line)
     reach = len(line) if pattern.pattern in _linear_sources else PATTERN_REACH
     match = pattern.search(line, 0, reach)
     if match is None:
@@ -177,8 +193,8 @@ def read_log(path: str | Path, pattern: re.Pattern[str], *, looked_for: str = ""
     (saying it looked for ``looked_for``, when given, rather than the regex).
     """
     path = Path(path)
-    lines = split_lines(read_log_text(path))
-    curve = extract(lines, pattern, str(path))
+    lines = split_lines(without_colours(read_log_text(path)))
+    curve = replace(extract(lines, pattern, str(path)), environment=environment_of(lines))
     if not curve.points:
         signs = FrameworkSigns()
         for line in lines:

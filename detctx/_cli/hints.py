@@ -22,9 +22,19 @@ __all__ = [
     "different_start",
     "exported_seed",
     "noted_cause",
+    "two_environments",
 ]
 
 _LOCATE: Final = "`detctx run --locate` names the first op where the runs part, and its line."
+
+_RECORD: Final = (
+    "Runs in two environments (two machines, devices or releases of torch, CUDA or a "
+    "driver) are expected to differ, from the first op on: other kernels, summing in "
+    "another order. Record a run in each, `detctx record -o a.trace -- python train.py`, and "
+    "`detctx compare a.trace b.trace` names the first op that differs and what differs "
+    "between the environments (`detctx doctor --json > a.json` in each, then `detctx "
+    "compare a.json b.json`, lists how the machines differ)."
+)
 
 _STREAM_NAMES: Final = {
     "random": "Python's random",
@@ -85,23 +95,56 @@ class FrameworkSigns:
         return _ADVICE[self.seen] if self.seen is not None else ""
 
 
-def different_start(points: int, cause: str = "") -> str:
+def different_start(
+    points: int, cause: str = "", *, environments: Sequence[str] | None = None
+) -> str:
     """Why runs differ from their first metric value on: ``cause`` when a run told it
     (:func:`noted_cause`), else the likely causes, most likely first; then how to find
-    the op. ``points``: how many each curve has (one value cannot say when they parted)."""
+    the op. ``points``: how many each curve has (one value cannot say when they parted).
+
+    ``environments`` is for logs, which may come from two machines: ``None`` when the
+    runs ran in one environment (``detctx run``), else what the logs show differently
+    (:func:`~detctx._cli.log_environment.environment_differences`). Logs that show two
+    environments are told they are expected to differ; logs that show none are told
+    both: two environments, or a start that differs.
+    """
+    if environments:
+        parted = "at their only metric value" if points == 1 else "from the first point on"
+        return (
+            f"The runs differ {parted}, and {_shown(environments)} {_RECORD}\n"
+            "Should two runs in one environment differ too, `detctx run -- python train.py` "
+            "there says why."
+        )
     if points == 1:
         head = (
             "The runs differ at their only metric value, so they may not have started from "
             "the same state (one value cannot tell when they parted)."
         )
-    else:
+    elif environments is None:
         head = "The runs differ from the first point on, so they did not start from the same state."
+    else:
+        head = (
+            "The runs differ from the first point on: they ran in two environments, or they "
+            "did not start from the same state."
+        )
+    if environments is not None:
+        head += f" {_RECORD}\nIf they ran in one environment:"
     if cause:
         return f"{head} {cause}\n{_LOCATE}"
     causes = "".join(
         f"\n  {number}. {cause}" for number, cause in enumerate(CAUSES_OF_A_DIFFERENT_START, 1)
     )
     return f"{head} Likely causes, the most common first:{causes}\n{_LOCATE}"
+
+
+def two_environments(differences: Sequence[str]) -> str:
+    """What to know when logs that part after their first point show two environments
+    (:func:`~detctx._cli.log_environment.environment_differences`), or ``""``."""
+    return f"Note: {_shown(differences)} {_RECORD}" if differences else ""
+
+
+def _shown(differences: Sequence[str]) -> str:
+    return f"the logs show two environments ({'; '.join(differences)})."
 
 
 def noted_cause(notes: Sequence[EntryNote | None]) -> str:

@@ -14,7 +14,8 @@ from detctx._cli.curves import (
     printed_digits,
     shortened,
 )
-from detctx._cli.hints import different_start
+from detctx._cli.hints import different_start, two_environments
+from detctx._cli.log_environment import environment_differences
 
 __all__ = ["describe"]
 
@@ -25,6 +26,13 @@ _FULL_PRECISION_ADVICE = (
 )
 
 
+_TORCHTITAN_DIGITS = (
+    "torchtitan prints its loss with 5 decimals (loss: {:8.5f}) and writes no text file "
+    "with more: to compare every bit, record each run, `detctx record -o a.trace -- "
+    "torchrun ... -m torchtitan.train ...`, and `detctx compare a.trace b.trace`."
+)
+
+
 def describe(
     comparison: CurveComparison,
     what: str = "metric",
@@ -32,6 +40,7 @@ def describe(
     start: str | None = None,
     cause: str = "",
     notes: str = "",
+    one_environment: bool = True,
 ) -> str:
     """A summary of the comparison, a table around the first divergence, and the verdict.
 
@@ -41,13 +50,41 @@ def describe(
     (:func:`~detctx._cli.curves.short_names`). Curves that differ at their first
     point are followed by ``start`` (``""``: nothing), by default by
     :func:`~detctx._cli.hints.different_start` with ``cause`` (the likely causes when
-    ``""``); ``notes`` end every verdict.
+    ``""``); ``notes`` end every verdict. ``one_environment=False`` (logs, which may
+    come from two machines): the start is told as either two environments or a
+    different start, and curves that show two environments (the versions and devices
+    their logs print) are said to be expected to differ.
     """
-    text = _verdict(shortened(comparison), what, start, cause)
+    comparison = shortened(comparison)
+    environments: list[str] | None = None
+    if not one_environment:
+        curves = comparison.curves
+        environments = environment_differences(
+            [curve.name for curve in curves], [curve.environment for curve in curves]
+        )
+    text = _verdict(comparison, what, start, cause, environments)
+    if environments and not comparison.agree and _parted_later(comparison):
+        notes = "\n".join(filter(None, [two_environments(environments), notes]))
     return f"{text}\n{notes}" if notes else text
 
 
-def _verdict(comparison: CurveComparison, what: str, start: str | None, cause: str) -> str:
+def _parted_later(comparison: CurveComparison) -> bool:
+    """Whether the curves part after the first point all of them have (the start is
+    then told by the verdict itself)."""
+    common = min(len(curve.points) for curve in comparison.curves)
+    if common == 0:
+        return True
+    within = compare([Curve(c.name, c.points[:common]) for c in comparison.curves])
+    return within.first != 0
+
+
+def _verdict(
+    comparison: CurveComparison,
+    what: str,
+    start: str | None,
+    cause: str,
+    environments: Sequence[str] | None,
+) -> str:
     curves = comparison.curves
     lines = []
     counts = ", ".join(f"{curve.name}: {len(curve.points)}" for curve in curves)
@@ -64,6 +101,8 @@ def _verdict(comparison: CurveComparison, what: str, start: str | None, cause: s
                 f"The logs print {digits_text(digits)}, so the values may still differ "
                 f"beyond them; {_FULL_PRECISION_ADVICE}."
             )
+            if any(curve.environment.get("framework") == "torchtitan" for curve in curves):
+                lines.append(_TORCHTITAN_DIGITS)
         return "\n".join(lines)
     first = comparison.first
     assert first is not None
@@ -71,14 +110,15 @@ def _verdict(comparison: CurveComparison, what: str, start: str | None, cause: s
     lines.append(_table(curves, max(0, first - 2), min(comparison.length, first + 4)))
     common = min(len(curve.points) for curve in curves)
     if common < comparison.length:
-        lines.append(_lengths(comparison, common, start, cause))
+        lines.append(_lengths(comparison, common, start, cause, environments))
         return "\n".join(lines)
     lines.append(
         f"curves DIFFER: first divergence at point {first + 1} of {comparison.length}"
         f"{_where(curves, first)}{_parting(curves, first)}; {comparison.differing} of "
         f"{comparison.length} points differ, max abs difference {comparison.max_abs_diff:.6g}."
     )
-    return "\n".join(lines) + (_start_line(comparison.length, start, cause) if first == 0 else "")
+    start_line = _start_line(comparison.length, start, cause, environments)
+    return "\n".join(lines) + (start_line if first == 0 else "")
 
 
 def _how(curves: Sequence[Curve]) -> str:
@@ -88,7 +128,13 @@ def _how(curves: Sequence[Curve]) -> str:
     return f"at the printed precision ({digits_text(digits)})"
 
 
-def _lengths(comparison: CurveComparison, common: int, start: str | None, cause: str) -> str:
+def _lengths(
+    comparison: CurveComparison,
+    common: int,
+    start: str | None,
+    cause: str,
+    environments: Sequence[str] | None,
+) -> str:
     """The verdict for curves of different lengths: where each short one ends, then the
     comparison of the ``common`` points every curve has."""
     ends = []
@@ -118,11 +164,13 @@ def _lengths(comparison: CurveComparison, common: int, start: str | None, cause:
         f"{within.first + 1}{_where(comparison.curves, within.first)}"
         f"{_parting(comparison.curves, within.first)}; {within.differing} of {common} differ, "
         f"max abs difference {within.max_abs_diff:.6g}."
-    ) + (_start_line(common, start, cause) if within.first == 0 else "")
+    ) + (_start_line(common, start, cause, environments) if within.first == 0 else "")
 
 
-def _start_line(points: int, start: str | None, cause: str) -> str:
-    text = different_start(points, cause) if start is None else start
+def _start_line(
+    points: int, start: str | None, cause: str, environments: Sequence[str] | None
+) -> str:
+    text = different_start(points, cause, environments=environments) if start is None else start
     return "\n" + text if text else ""
 
 

@@ -23,10 +23,14 @@ import torch
 
 from detctx._basics import MAX_SEED, SEED_ENV, parse_seed
 from detctx._environment import WATCHED, EnvSwitch, env_switches, inductor
+from detctx._proving.machine import build_info, cpu_info, process_switches
 from detctx._sources import active_accelerators
 from detctx._switches import describe_npu_level
 
-__all__ = ["ENV_VARIABLES", "Diagnosis", "advise", "diagnose"]
+__all__ = ["ENV_VARIABLES", "SECTIONS", "Diagnosis", "advise", "diagnose"]
+
+SECTIONS: Final = ("versions", "build", "devices", "cpu", "flags", "environment", "warnings")
+"""The report's parts, in the order ``--json`` prints them."""
 
 ENV_VARIABLES: Final = (
     SEED_ENV,
@@ -36,6 +40,10 @@ ENV_VARIABLES: Final = (
     "HCCL_LOGIC_SUPERPOD_ID",
     "NCCL_ALGO",
     "NCCL_NVLS_ENABLE",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "ONEDNN_DEFAULT_FPMATH_MODE",
+    "TORCH_MKLDNN_MATMUL_MIN_DIM",
 )
 """The environment variables the report shows."""
 
@@ -54,14 +62,20 @@ class Diagnosis:
     flags: dict[str, Any]
     environment: dict[str, str | None]
     warnings: list[str] = field(default_factory=list)
+    build: dict[str, Any] = field(default_factory=dict)
+    cpu: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        report = asdict(self)
+        return {key: report[key] for key in SECTIONS}
 
     def format(self) -> str:
         """The human-readable report."""
         out = ["versions"]
         out += [f"  {name:<12} {value}" for name, value in self.versions.items()]
+        if self.build:
+            out.append("build (what torch was compiled with, not the devices this machine has)")
+            out += _rows(self.build)
         out.append("devices")
         if not self.devices:
             out.append("  CPU only (no accelerator available)")
@@ -69,9 +83,13 @@ class Diagnosis:
             state = "initialised" if device["initialised"] else "not initialised"
             names = ", ".join(device.get("names", [])) or "names not read"
             out.append(f"  {device['type']:<12} {device['count']} device(s), {state} ({names})")
+            if device.get("capabilities"):
+                out.append(f"  {'':<12} compute capability {', '.join(device['capabilities'])}")
+        if self.cpu:
+            out.append("cpu")
+            out += _rows(self.cpu)
         out.append("flags (this process)")
-        width = max(len(name) for name in self.flags)
-        out += [f"  {name:<{width}}  {value}" for name, value in self.flags.items()]
+        out += _rows(self.flags)
         out.append("environment")
         width = max(len(name) for name in self.environment)
         out += [
@@ -107,13 +125,25 @@ def diagnose(*, read_device_names: bool = False) -> Diagnosis:
         get_name = getattr(accelerator.module, "get_device_name", None)
         if get_name is not None and (read_device_names or device["initialised"]):
             device["names"] = [str(get_name(i)) for i in range(device["count"])]
+            get_capability = getattr(accelerator.module, "get_device_capability", None)
+            if get_capability is not None:
+                device["capabilities"] = [
+                    ".".join(map(str, get_capability(i))) for i in range(device["count"])
+                ]
         devices.append(device)
     environment = {name: os.environ.get(name) for name in ENV_VARIABLES}
-    diagnosis = Diagnosis(_versions(), devices, _flags(), environment)
+    diagnosis = Diagnosis(
+        _versions(), devices, _flags(), environment, build=build_info(), cpu=cpu_info()
+    )
     diagnosis.warnings = [str(w.message) for w in caught] + advise(
         diagnosis, torch_npu_installed=importlib.util.find_spec("torch_npu") is not None
     )
     return diagnosis
+
+
+def _rows(values: Mapping[str, Any]) -> list[str]:
+    width = max(len(name) for name in values)
+    return [f"  {name:<{width}}  {value}" for name, value in values.items()]
 
 
 def advise(diagnosis: Diagnosis, *, torch_npu_installed: bool = False) -> list[str]:
@@ -248,6 +278,7 @@ def _flags() -> dict[str, Any]:
         "torch.backends.cudnn.allow_tf32": bool(cudnn.allow_tf32),
         "torch.backends.cuda.matmul.allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
         "torch.get_float32_matmul_precision": torch.get_float32_matmul_precision(),
+        **process_switches(),
     }
     utils_det = getattr(torch.utils, "deterministic", None)
     if hasattr(utils_det, "fill_uninitialized_memory"):
