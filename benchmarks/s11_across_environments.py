@@ -124,7 +124,7 @@ def compare_cost(folder: Path, steps: int) -> tuple[float, int, int, str]:
     from detctx._compare.reading import read_trace
 
     ops = [len(read_trace(path)) for path in paths]
-    origin = result.origin["op"] if result.origin else None
+    origin = result.origin.op if result.origin else None
     verdict = f"{len(result.past_tolerance)} ops past tolerance, origin {origin}"
     return seconds, ops[0], ops[1], verdict
 

@@ -125,18 +125,18 @@ def test_a_value_one_run_computes_in_bfloat16_is_the_origin_with_both_dtypes_nam
     result = detctx.compare_traces(a, b)
     assert not result.agree
     origin = result.origin
-    assert origin is not None and origin["kind"] == "origin"
-    assert origin["dtypes"] == ["float32", "bfloat16"]
-    assert origin["module_path"] == "_Mlp.up"  # where the first value is rounded
-    assert origin["error"] > origin["tolerance"]
+    assert origin is not None and origin.kind == "origin"
+    assert origin.dtypes == ("float32", "bfloat16")
+    assert origin.module_path == "_Mlp.up"  # where the first value is rounded
+    assert origin.error > origin.tolerance
     assert "float32 in A, bfloat16 in B" in result.format()
     # Ops past tolerance after it, of either dtype, are measured at float32's tolerance.
-    assert all(entry["index"] >= origin["index"] for entry in result.past_tolerance)
+    assert all(entry.index >= origin.index for entry in result.past_tolerance)
     # The same step in bfloat16 twice: the dtypes agree, nothing is named.
     again = tmp_path / "again.trace"
     _step(again, bfloat16=True)
     same = detctx.compare_traces(b, again)
-    assert same.bitwise and all(entry["dtypes"] is None for entry in same.past_tolerance)
+    assert same.bitwise and all(entry.dtypes is None for entry in same.past_tolerance)
 
 
 def test_code_compiled_with_torch_compile_is_recorded_op_by_op_and_compiles_after(
@@ -232,8 +232,8 @@ def test_a_change_in_a_tensor_holding_minus_inf_is_the_origin_there(
     _masked_attention(b, 0.25 * 1.003, batch)
     result = detctx.compare_traces(a, b)
     origin = result.origin
-    assert origin is not None and origin["op"] == "aten::mul.Tensor", origin
-    assert origin["error"] == pytest.approx(0.003, rel=0.5)
+    assert origin is not None and origin.op == "aten::mul.Tensor", origin
+    assert origin.error == pytest.approx(0.003, rel=0.5)
     same = tmp_path / "same.trace"
     _masked_attention(same, 0.25, batch)
     assert detctx.compare_traces(a, same).bitwise
