@@ -113,8 +113,9 @@ def test_a_torchtitan_coloured_line_under_detctx_run_gives_its_loss_and_step():
 def test_two_doctor_reports_list_their_differences_side_by_side(tmp_path, capsys):
     here = diagnose().as_dict()
     other = json.loads(json.dumps(here))
-    other["versions"]["torch"] = "2.1.2+cu121"
-    other["build"]["torch.version.cuda"] = "12.1"
+    other["versions"]["torch"] = "2.1.2+cu121" if torch.__version__ != "2.1.2+cu121" else "2.13.0"
+    built = "12.1" if torch.version.cuda != "12.1" else "11.8"
+    other["build"]["torch.version.cuda"] = built
     other["flags"]["torch.backends.mkldnn.enabled"] = False
     for name, report in (("a.json", here), ("b.json", other)):
         (tmp_path / name).write_text(json.dumps(report, default=str))
@@ -125,8 +126,8 @@ def test_two_doctor_reports_list_their_differences_side_by_side(tmp_path, capsys
     rows = {tuple(line.split()[:2]): line.split()[2:] for line in out.splitlines()[1:]}
     assert status == 1
     assert out.startswith("doctor reports DIFFER in 3 of ")
-    assert rows[("versions", "torch")] == [torch.__version__, "2.1.2+cu121"]
-    assert rows[("build", "torch.version.cuda")][1] == "12.1"
+    assert rows[("versions", "torch")] == [torch.__version__, other["versions"]["torch"]]
+    assert rows[("build", "torch.version.cuda")][1] == built
     assert rows[("flags", "torch.backends.mkldnn.enabled")] == ["true", "false"]
     assert "also on a machine without a GPU" in out
 

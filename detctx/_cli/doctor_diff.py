@@ -21,6 +21,7 @@ from detctx._cli.paths import read_log_text
 __all__ = ["compare_reports", "doctor_reports", "read_report"]
 
 _ROW_SECTIONS: Final = ("versions", "build", "cpu", "flags", "environment")
+_ORDER: Final = ("versions", "build", "devices", "cpu", "flags", "environment")
 _NEEDED: Final = ("versions", "flags", "environment")
 _SCALARS: Final = (str, int, float, bool, type(None))
 _MAX_ROWS: Final = 10_000
@@ -52,7 +53,9 @@ def read_report(path: Path) -> dict[str, Any]:
 def compare_reports(reports: Sequence[dict[str, Any]], names: Sequence[str]) -> tuple[str, bool]:
     """The rows two reports give differently, side by side, and whether they agree."""
     rows = [_rows(report) for report in reports]
-    keys = list(dict.fromkeys(key for table in rows for key in table))
+    keys = sorted(
+        dict.fromkeys(key for table in rows for key in table), key=lambda k: _ORDER.index(k[0])
+    )
     differing = [
         (section, name, *(_shown(section, table.get((section, name), _ABSENT)) for table in rows))
         for section, name in keys

@@ -78,7 +78,9 @@ class Diagnosis:
             out += _rows(self.build)
         out.append("devices")
         if not self.devices:
-            out.append("  CPU only (no accelerator available)")
+            cuda = self.build.get("torch.version.cuda")
+            built = f"; the build's CUDA {cuda} is not a device" if cuda else ""
+            out.append(f"  CPU only (no accelerator available{built})")
         for device in self.devices:
             state = "initialised" if device["initialised"] else "not initialised"
             names = ", ".join(device.get("names", [])) or "names not read"
