@@ -214,7 +214,6 @@ def test_fully_shard_keeps_each_ranks_shard_of_its_own_initialisation(
 @pytest.mark.parametrize(
     ("distinct_dims", "error", "words"),
     [
-        (("tp",), ValueError, r"names \['tp'\], not dims of the mesh \('pp', 'dp'\)"),
         ("pp", TypeError, "a sequence of mesh dim names"),
         (("pp", "pp"), ValueError, "names a dim twice"),
         ((1,), TypeError, "dim names"),
@@ -228,3 +227,17 @@ def test_distinct_dims_that_are_not_the_meshs_dims_are_refused_at_construction(
     mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("pp", "dp"))
     with pytest.raises(error, match=words):
         detctx.distributed_deterministic(seed=SEED, mesh=mesh, distinct_dims=distinct_dims)
+
+
+@pytest.mark.slow
+@needs_fsdp2
+@pytest.mark.usefixtures("one_rank_group")
+def test_a_distinct_dim_the_mesh_leaves_out_is_taken_as_a_dim_of_size_1() -> None:
+    # torchtitan leaves size-1 dims out of its meshes and passes ["pp"] when pp=1.
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("dp_shard",))
+    with detctx.distributed_deterministic(seed=SEED, mesh=mesh, distinct_dims=("pp",)) as run:
+        assert run.mesh_seeds is not None
+        assert (run.mesh_seeds.local_ranks, run.mesh_seeds.sizes) == ((0,), (1,))
+        assert torch.initial_seed() == torchtitan_rule(SEED, [0], [1]) == SEED

@@ -43,6 +43,7 @@ from detctx.distributed._topology import collective_device
 __all__ = [
     "DEFAULT_TIMEOUT_S",
     "check_timeout",
+    "default_store",
     "gather_rows",
     "missing_text",
     "ranks_by_label",
@@ -183,7 +184,7 @@ def _missing_ranks(
     timed out on a loaded machine for keys that were there, and named ranks that had
     arrived, this one included.)
     """
-    store = _store()
+    store = default_store()
     if store is None:
         return None
     try:
@@ -206,7 +207,8 @@ def _missing_ranks(
         return None
 
 
-def _store() -> Any:
+def default_store() -> Any:
+    """The default process group's store, or ``None`` where it cannot be reached."""
     c10d = torch.distributed.distributed_c10d
     get_store = getattr(c10d, "_get_default_store", None)  # private; absent in some releases
     if get_store is None:

@@ -43,7 +43,8 @@ class MeshSeeds:
 
     ``distinct_dims``: the mesh dims whose ranks get distinct seeds, in order;
     ``local_ranks`` and ``sizes``: this rank's coordinate along each and each
-    one's size. Ranks that differ only in the other dims get the same seed.
+    one's size (0 and 1 for a dim the mesh leaves out, as torchtitan takes
+    it). Ranks that differ only in the other dims get the same seed.
     """
 
     distinct_dims: tuple[str, ...]
@@ -56,8 +57,10 @@ class MeshSeeds:
         return mesh_seed(seed, self.local_ranks, self.sizes)
 
     def fingerprint(self) -> int:
-        """A 40-bit number that differs between meshes or distinct dims (the agreement row)."""
-        text = f"{self.distinct_dims}\0{_shape(self.mesh).tolist()}"
+        """A 40-bit number that differs between meshes (their dim names or grids) or distinct
+        dims (the agreement row)."""
+        names = tuple(getattr(self.mesh, "mesh_dim_names", None) or ())
+        text = f"{self.distinct_dims}\0{names}\0{_shape(self.mesh).tolist()}"
         return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=5).digest(), "little")
 
 
@@ -91,9 +94,6 @@ def check_mesh_seeds(
             "the mesh has no dim names: build it with init_device_mesh(..., "
             "mesh_dim_names=(...)) so that distinct_dims can name its dims"
         )
-    unknown = [dim for dim in dims if dim not in names]
-    if unknown:
-        raise ValueError(f"distinct_dims names {unknown}, not dims of the mesh {names}")
     coordinate = get_coordinate()
     if coordinate is None:
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
@@ -102,11 +102,13 @@ def check_mesh_seeds(
             f"block only on the mesh's ranks, or pass the mesh this rank belongs to"
         )
     shape = tuple(int(size) for size in _shape(mesh).shape)
-    indices = [names.index(dim) for dim in dims]
+    # A dim the mesh leaves out is a dim of size 1 (local rank 0), as torchtitan takes it: its
+    # trainer passes ["pp"] on meshes that leave pp out when pp=1.
+    indices = [names.index(dim) if dim in names else None for dim in dims]
     return MeshSeeds(
         dims,
-        tuple(int(coordinate[index]) for index in indices),
-        tuple(shape[index] for index in indices),
+        tuple(0 if index is None else int(coordinate[index]) for index in indices),
+        tuple(1 if index is None else shape[index] for index in indices),
         mesh,
     )
 
