@@ -111,7 +111,7 @@ def test_a_bad_resume_state_is_refused_with_nothing_changed() -> None:
     foreign_loader = {**good, "loaders": [{"_num_yielded": 1}]}
     cases = [
         ({"format": "something else"}, (loader,), "not a detctx resume state"),
-        ({**good, "version": 3}, (loader,), "version 3"),
+        ({**good, "version": 4}, (loader,), "version 4"),
         (good, (), "1 loader state"),
         (corrupted_rng, (loader,), "no state for source"),
         (foreign_loader, (loader,), "not saved by a detctx resumable loader"),

@@ -29,7 +29,9 @@ import torch
 from detctx._basics import CheckpointError, open_envelope
 from detctx._blocks import open_blocks
 from detctx._data.elastic import ElasticLoader
-from detctx._data.resuming import resume, resume_state
+from detctx._data.resuming import prepare_resume, resume_state
+from detctx._data.together import ResumePlan, resume_together
+from detctx.distributed import DEFAULT_TIMEOUT_S, check_timeout
 
 __all__ = ["DCP_FORMAT", "DCPResumeState", "dcp_resume_state"]
 
@@ -82,7 +84,7 @@ class DCPResumeState:
     the shape of what to read), then :meth:`load_state_dict` with what it read.
     """
 
-    def __init__(self, loaders: tuple[Any, ...], group: Any) -> None:
+    def __init__(self, loaders: tuple[Any, ...], group: Any, timeout: float) -> None:
         resume_state(*loaders)  # the loaders checked now, not at the first save
         if group is not None and not isinstance(group, torch.distributed.ProcessGroup):
             raise TypeError(
@@ -91,6 +93,7 @@ class DCPResumeState:
             )
         self.loaders = loaders
         self.group = group
+        self.timeout = check_timeout(timeout)
 
     def _where(self) -> tuple[int, int]:
         dist = torch.distributed
@@ -131,16 +134,23 @@ class DCPResumeState:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume this rank from what DCP read: its own resume state on the same world size,
-        the elastic loaders' positions alone on another; every check before any change."""
+        the elastic loaders' positions alone on another; every check before any change, and
+        every rank of the group resumes or every rank refuses (one small collective)."""
+        resume_together(
+            lambda: self._plan(state),
+            group=self.group,
+            timeout=self.timeout,
+            what="the DCP load of detctx.dcp_resume_state",
+        )
+
+    def _plan(self, state: Mapping[str, Any]) -> ResumePlan:
         payload = self._payload(state)
         rank, world_size = self._where()
         saved_world = payload["world_size"]
         if saved_world == world_size:
             self._check_mesh(payload.get("mesh"))
-            resume(
-                _from_bytes(payload["ranks"][rank], f"rank {rank}'s resume state"), *self.loaders
-            )
-            return
+            mine = _from_bytes(payload["ranks"][rank], f"rank {rank}'s resume state")
+            return prepare_resume(mine, self.loaders, strict=True, any_rank=False)
         if not all(isinstance(loader, ElasticLoader) for loader in self.loaders):
             raise CheckpointError(
                 f"the checkpoint was saved on {saved_world} rank(s) and this run has "
@@ -150,8 +160,7 @@ class DCPResumeState:
         positions = payload["elastic"]
         for index, (loader, position) in enumerate(zip(self.loaders, positions)):
             loader.check_state(position, where=f"the checkpoint's elastic loader {index}")
-        for loader, position in zip(self.loaders, positions):
-            loader.load_checked(position)
+        return ResumePlan(self.loaders, positions, None, 0)
 
     def _check_mesh(self, saved: Any) -> None:
         here = _mesh_layout()
@@ -209,7 +218,9 @@ class DCPResumeState:
         return dict(payload)
 
 
-def dcp_resume_state(*loaders: Any, group: Any = None) -> DCPResumeState:
+def dcp_resume_state(
+    *loaders: Any, group: Any = None, timeout: float = DEFAULT_TIMEOUT_S
+) -> DCPResumeState:
     """:func:`~detctx.resume_state` for a ``torch.distributed.checkpoint`` state dict.
 
     Put it in the dict ``dcp.save`` (or ``dcp.async_save``) and ``dcp.load``
@@ -236,6 +247,11 @@ def dcp_resume_state(*loaders: Any, group: Any = None) -> DCPResumeState:
     resumable loader on another world size, another mesh layout (saved and
     loaded inside ``distributed_deterministic(mesh=...)`` blocks whose meshes
     differ in dim names or ranks), and everything ``resume`` refuses (a
-    loader of another run: another seed, dataset or configuration).
+    loader of another run: another seed, dataset or configuration; a rank's
+    state found in another rank's place). The load is decided together over
+    ``group``: if one rank refuses, every rank raises the same error, naming
+    it and why, with nothing of detctx changed on any rank; a rank that waits
+    more than ``timeout`` seconds for the others raises
+    :class:`~detctx.SeedAgreementError`, nothing changed.
     """
-    return DCPResumeState(loaders, group)
+    return DCPResumeState(loaders, group, timeout)

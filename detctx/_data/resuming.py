@@ -32,7 +32,6 @@ digest of all of it, which ``torch.load(..., weights_only=True)`` reads back.
 from __future__ import annotations
 
 import functools
-import sys
 import warnings
 from collections.abc import Mapping
 from typing import Any, Final
@@ -41,18 +40,30 @@ from detctx._basics import CheckpointError, open_envelope
 from detctx._data.elastic import ElasticLoader
 from detctx._data.loader import current_rank, loader_generator, seed_worker
 from detctx._data.loader_state import LOADER_FORMAT, is_resumable, resumable_class
+from detctx._data.placement import check_placement, placement, run_key, through_dcp
 from detctx._data.samplers import prepare_samplers
+from detctx._data.together import ResumePlan, resume_together
 from detctx._data.untrusted import digest, keys_of, same_plain
 from detctx._data.worker_streams import WorkerStreams
 from detctx._state import Snapshot, capture
+from detctx.distributed import DEFAULT_TIMEOUT_S
 
-__all__ = ["LOADER_FORMAT", "RESUME_FORMAT", "resumable_loader", "resume", "resume_state"]
+__all__ = [
+    "LOADER_FORMAT",
+    "RESUME_FORMAT",
+    "prepare_resume",
+    "resumable_loader",
+    "resume",
+    "resume_state",
+]
 
 RESUME_FORMAT: Final = "detctx.resume"
 """The ``"format"`` entry of :func:`resume_state`'s dict."""
 
-_VERSION: Final = 2  # 2: a digest of the whole state, the RNG half included
-_DIGESTED: Final = ("format", "version", "rng", "loaders")
+# 2: a digest of the whole state, the RNG half included; 3: where it was saved (rank, world
+# size, run), inside the digest
+_VERSION: Final = 3
+_DIGESTED: Final = ("format", "version", "where", "rng", "loaders")
 _KEYS: Final = frozenset({*_DIGESTED, "digest"})
 
 
@@ -130,8 +141,10 @@ def resumable_loader(dataset: Any, *args: Any, seed: int | None = None, **kwargs
 def resume_state(*loaders: Any) -> dict[str, Any]:
     """Everything a run needs to continue exactly from here, as one plain dict.
 
-    ``{"format": "detctx.resume", "version": 2, "rng": ..., "loaders": [...],
-    "digest": ...}``: every RNG of this process
+    ``{"format": "detctx.resume", "version": 3, "where": ..., "rng": ...,
+    "loaders": [...], "digest": ...}``: where it was saved (``{"rank",
+    "world_size", "run"}``: this process's rank and world size, and an id
+    shared by every process of this launch), every RNG of this process
     (``detctx.capture().state_dict()``), each loader's ``state_dict()`` (its
     position, and the configuration and rank it was saved with, which
     :func:`resume` checks) and a digest of all of it, by which :func:`resume`
@@ -146,6 +159,7 @@ def resume_state(*loaders: Any) -> dict[str, Any]:
     state = {
         "format": RESUME_FORMAT,
         "version": _VERSION,
+        "where": placement(),
         "rng": capture().state_dict(),
         "loaders": [loader.state_dict() for loader in loaders],
     }
@@ -153,7 +167,14 @@ def resume_state(*loaders: Any) -> dict[str, Any]:
     return state
 
 
-def resume(state: Mapping[str, Any], *loaders: Any, strict: bool = True) -> None:
+def resume(
+    state: Mapping[str, Any],
+    *loaders: Any,
+    strict: bool = True,
+    any_rank: bool = False,
+    group: Any = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+) -> None:
     """Continue from :func:`resume_state`'s dict: every RNG now, each loader at its next ``iter()``.
 
     ``loaders`` are the same loaders, in the same order, built the same way
@@ -161,7 +182,10 @@ def resume(state: Mapping[str, Any], *loaders: Any, strict: bool = True) -> None
     :class:`~detctx.CheckpointError` is raised with nothing changed (RNGs and
     loaders alike) for: a dict of another format or version (version 1,
     saved before resume states held a digest of their RNG states, included);
-    a different number of loaders, or one loader passed twice; a loader in the middle of
+    a state saved on another rank or world size (``any_rank=True`` takes it
+    as meant: that rank's streams become this rank's; a resumable loader's
+    own rank check still holds); a different number of loaders, or one loader
+    passed twice; a loader in the middle of
     an epoch (an iterator of it is live); a loader built differently (its
     ``num_workers``, batch size, ``drop_last``, dataset length or sampler) or
     on another rank or world size than the one that saved the state, named
@@ -177,7 +201,28 @@ def resume(state: Mapping[str, Any], *loaders: Any, strict: bool = True) -> None
         checkpoint = torch.load(path, weights_only=True)
         model.load_state_dict(checkpoint["model"])
         detctx.resume(checkpoint["detctx"], loader)
+
+    In a process group of more than one rank it is a collective over
+    ``group`` (default: the innermost ``distributed_deterministic`` block's
+    group, else the default group): every rank must call it, and either every
+    rank resumes or every rank raises the same :class:`~detctx.CheckpointError`,
+    naming the ranks that refused and why, with nothing changed on any rank;
+    ranks whose states were saved by different runs are refused too. A rank
+    that waits more than ``timeout`` seconds for the others raises
+    :class:`~detctx.SeedAgreementError` with nothing changed.
     """
+    resume_together(
+        lambda: prepare_resume(state, loaders, strict=strict, any_rank=any_rank),
+        group=group,
+        timeout=timeout,
+        what="detctx.resume",
+    )
+
+
+def prepare_resume(
+    state: Mapping[str, Any], loaders: tuple[Any, ...], *, strict: bool, any_rank: bool
+) -> ResumePlan:
+    """Every check of :func:`resume` on this rank, nothing changed: what to apply."""
     _check_loaders(loaders)
     state = open_envelope(
         state,
@@ -188,6 +233,9 @@ def resume(state: Mapping[str, Any], *loaders: Any, strict: bool = True) -> None
         hint="pass the dict detctx.resume_state() returned",
     )
     _check_keys(state)
+    where = state["where"] if state["version"] >= 3 else None
+    if state["version"] >= 3:
+        check_placement(where, any_rank=any_rank)
     saved = state.get("loaders")
     if not isinstance(saved, list) or len(saved) != len(loaders):
         count = len(saved) if isinstance(saved, list) else "no"
@@ -200,43 +248,30 @@ def resume(state: Mapping[str, Any], *loaders: Any, strict: bool = True) -> None
             f"the resume state's 'rng' is {type(state.get('rng')).__name__}, not the dict of RNG "
             "states resume_state saves"
         )
-    snapshot = Snapshot.from_state_dict(state["rng"], strict=strict)
+    try:
+        snapshot = Snapshot.from_state_dict(state["rng"], strict=strict)
+    except CheckpointError as exc:
+        hint = through_dcp()
+        if not hint or "changed after it was saved" not in str(exc):
+            raise
+        raise CheckpointError(f"{exc}{hint}") from exc
     for index, (loader, loader_state) in enumerate(zip(loaders, saved)):
         loader.check_state(loader_state, where=f"state['loaders'][{index}]")
     # Last, so that a state a check above refuses is told what differs; this catches what
     # no check can: one valid RNG state put in place of another (a flipped bit of a
     # Mersenne Twister word, a NumPy position one off, a Gaussian cache set).
-    if not same_plain(state["digest"], digest({key: state[key] for key in _DIGESTED})):
+    digested = [key for key in _DIGESTED if key in state]
+    if not same_plain(state["digest"], digest({key: state[key] for key in digested})):
         raise CheckpointError(
             "the resume state was changed after it was saved (its digest does not match what "
             "it holds, RNG states and loaders): a corrupted or edited checkpoint; resume from "
-            f"another one{_through_dcp()}"
+            f"another one{through_dcp()}"
         )
-    pending = [loader.pending() for loader in loaders]
-    try:
-        for loader, loader_state in zip(loaders, saved):
-            loader.load_checked(loader_state)
-        snapshot.restore()  # atomic: a source that raises leaves every RNG as it was
-    except BaseException:
-        for loader, before in zip(loaders, pending):
-            loader.put_back(before)
-        raise
-
-
-def _through_dcp() -> str:
-    # torch.distributed.checkpoint saves a key every rank holds once and loads that one copy
-    # into every rank, each key from whichever rank it chose: the ranks' resume states come
-    # back mixed, which is what this digest refuses.
-    if "torch.distributed.checkpoint" not in sys.modules:
-        return ""
-    return (
-        ". If it went through torch.distributed.checkpoint, its keys came back from other "
-        "ranks: save and load detctx.dcp_resume_state(loaders) there instead"
-    )
+    return ResumePlan(loaders, saved, snapshot, run_key(where))
 
 
 def _check_keys(state: Mapping[str, Any]) -> None:
-    if state["version"] < _VERSION:
+    if state["version"] < 2:
         raise CheckpointError(
             f"the resume state has version {state['version']}, saved before resume states "
             "carried a digest of their RNG states, so an edit or a corruption of those would "
@@ -244,9 +279,11 @@ def _check_keys(state: Mapping[str, Any]) -> None:
             "(detctx.Snapshot.from_state_dict(state['rng']).restore() and each loader's "
             "load_state_dict(state['loaders'][i]))"
         )
-    if set(state) != _KEYS:
+    # Version 2 was saved before states recorded where: resumed without that check.
+    keys = _KEYS if state["version"] >= 3 else _KEYS - {"where"}
+    if set(state) != keys:
         raise CheckpointError(
-            f"the resume state holds {keys_of(state)}; resume_state saves {sorted(_KEYS)}: "
+            f"the resume state holds {keys_of(state)}; resume_state saves {sorted(keys)}: "
             "a corrupted or edited checkpoint; resume from another one"
         )
 
