@@ -191,13 +191,11 @@ def compare_rank(
     dtypes = _texts(b, b.values["dtype"])
     dtypes_a = dtypes.copy()
     dtypes_a[has] = _texts(a, a.values["dtype"][partner[has]])
-    table = {name: tolerance_of(name, rtol, atol) for name in {*dtypes, *dtypes_a}}
-    rtols = np.array(
-        [min(table[x][0], table[y][0]) for x, y in zip(dtypes_a, dtypes)], dtype=np.float64
-    )
-    atols = np.array(
-        [min(table[x][1], table[y][1]) for x, y in zip(dtypes_a, dtypes)], dtype=np.float64
-    )
+    names, which = np.unique(np.concatenate([dtypes_a, dtypes]).astype(str), return_inverse=True)
+    table = np.array([tolerance_of(str(name), rtol, atol) for name in names]).reshape(-1, 2)
+    which = which.reshape(2, -1)
+    rtols = np.minimum(table[which[0], 0], table[which[1], 0])
+    atols = np.minimum(table[which[0], 1], table[which[1], 1])
     owner = np.repeat(np.arange(len(b)), b.ops["outputs"].astype(np.int64))
     changed = np.flatnonzero(dtypes_a != dtypes)
     retyped = {int(owner[i]): (str(dtypes_a[i]), str(dtypes[i])) for i in changed}
@@ -340,15 +338,21 @@ def _origins(
     """Which ops past tolerance are origins, and every op's input error (see the module's
     docstring)."""
     carried = np.where(estimated, np.nan_to_num(error, nan=0.0), 0.0)  # what it hands on
+    producers = b.inputs["op"]
+    starts = b.first_input
+    # An op without an estimate hands on what it received: in order, as a chain may run
+    # through several (few ops: the rest is one pass below).
+    for index in np.flatnonzero(~estimated).tolist():
+        made = producers[starts[index] : starts[index + 1]]
+        made = made[made >= 0]
+        if len(made):
+            carried[index] = carried[made].max()
     received = np.zeros(len(b))
-    producers = b.inputs["op"].tolist()
-    starts = b.first_input.tolist()
-    for index in range(len(b)):
-        made = [p for p in producers[starts[index] : starts[index + 1]] if p >= 0]
-        if made:
-            received[index] = max(carried[p] for p in made)
-            if not estimated[index]:
-                carried[index] = received[index]
+    counts = b.ops["inputs"].astype(np.int64)
+    if len(producers):
+        values = np.where(producers >= 0, carried[np.maximum(producers, 0)], 0.0)
+        reading = np.flatnonzero(counts > 0)
+        received[reading] = np.maximum.reduceat(values, starts[:-1][reading])
     with np.errstate(invalid="ignore", over="ignore"):
         origin = past & (error > GROWTH * received)
     return origin, received

@@ -265,14 +265,13 @@ class _Reader:
             or (counts[:, 1:].sum(axis=1) > counts[:, 0]).any()
         ):
             raise self.fail("an output whose element, NaN or Inf counts are not counts")
-        expected = {
-            (int(dtype), int(shape)): _numbers_in(strings[dtype], strings[shape])
-            for dtype, shape in {*zip(values["dtype"].tolist(), values["shape"].tolist())}
-        }
-        wanted = np.array(
-            [expected[key] for key in zip(values["dtype"].tolist(), values["shape"].tolist())],
+        pairs = values["dtype"].astype(np.uint64) << np.uint64(32) | values["shape"]
+        kinds, which = np.unique(pairs, return_inverse=True)
+        expected = np.array(
+            [_numbers_in(strings[int(k >> 32)], strings[int(k & 0xFFFFFFFF)]) for k in kinds],
             dtype=np.float64,
         )
+        wanted = expected[which.reshape(-1)]
         if (np.isnan(wanted) | (wanted != counts[:, 0])).any():
             raise self.fail("an output whose element count does not match its shape")
         rest = stats[:, 3:]
