@@ -218,3 +218,13 @@ def test_doctors_of_two_processes_one_with_onednn_off_differ_by_that_row(tmp_pat
         "false",
     ]
     assert "DIFFER in 1 of" in text
+
+
+def test_compare_help_describes_traces_as_well_as_logs(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["compare", "--help"])
+
+    out = " ".join(capsys.readouterr().out.split())
+    assert "a trace or a folder of rank traces written by detctx record" in out
+    assert "the first op whose error its inputs do not explain" in out
+    assert "a detctx doctor --json report" in out

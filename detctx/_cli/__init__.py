@@ -1,4 +1,4 @@
-"""The ``detctx`` command: ``doctor``, ``run``, ``compare`` and ``demo``.
+"""The ``detctx`` command: ``doctor``, ``run``, ``record``, ``compare`` and ``demo``.
 
 Exit status: 0 when the curves agree (and for ``doctor``), 1 when they
 differ, 2 on bad usage or when the curves could not be read (a missing file,
@@ -88,7 +88,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="detctx",
         description="Prove PyTorch runs reproduce: check the environment, run a command "
-        "twice and compare its loss curves, compare two logs.",
+        "twice and compare its loss curves, compare two logs; across machines, record a run "
+        "on each and compare the traces op by op.",
         epilog="Exit status: 0 agree, 1 differ, 2 bad usage or unreadable curves.",
     )
     parser.add_argument("-V", "--version", action="version", version=f"detctx {_version()}")
@@ -170,15 +171,23 @@ def _parser() -> argparse.ArgumentParser:
     compare_ = commands.add_parser(
         "compare",
         parents=[curve_options, plot_option],
-        help="compare the curves of two logs (text, Lightning metrics.csv, HF trainer_state.json)",
+        help="compare two recorded traces op by op (detctx record), two logs' curves (text, "
+        "Lightning metrics.csv, HF trainer_state.json), or two machines' doctor --json reports",
+        description="Compare two runs. Traces (detctx record -o A.trace -- CMD, on each machine "
+        "or release): the first op whose error its inputs do not explain, with its module, "
+        "source line and rank; --rtol, --atol, --json and --plot apply. Metric logs: the loss "
+        "curves point by point, bit for bit or at the printed precision. Doctor reports "
+        "(detctx doctor --json > A.json): every row that differs, side by side.",
     )
     compare_.add_argument(
         "logs",
         nargs=2,
         type=Path,
         metavar="LOG",
-        help="a text log (read with --pattern), a Lightning metrics.csv, a Hugging Face "
-        "trainer_state.json, or a folder holding one of those two files",
+        help="a trace or a folder of rank traces written by detctx record; a text log (read "
+        "with --pattern; colour codes ignored), a Lightning metrics.csv, a Hugging Face "
+        "trainer_state.json or a folder holding one of those two; or a detctx doctor --json "
+        "report. Both of one kind",
     )
     compare_.add_argument(
         "--metric",
