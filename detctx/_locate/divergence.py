@@ -53,7 +53,8 @@ class Divergence:
     recorded op agreed but the function's results differ: ``path`` names the
     first differing part, ``result[0]``, ``reference`` says what it is,
     ``index`` is the number of ops recorded and ``source`` the line where
-    the function is defined). ``mismatched``, ``total`` and
+    the function is defined; ``shape``, ``dtype`` and ``device`` are those of
+    that part when it is a tensor, else empty). ``mismatched``, ``total`` and
     ``max_abs_diff`` are filled in for ``"values"`` when the tensors are at
     hand: run ``run``'s are kept as it runs, run 1's come from a replay that
     agreed with run 1 on every op before this one (when run 1 itself read OS

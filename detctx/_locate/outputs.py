@@ -130,11 +130,15 @@ def combine_digests(digests: list[int]) -> int:
 
 class ResultLeaf(NamedTuple):
     """One part of a function's result: where it is (``result["loss"]``), its digest
-    (``None``: not compared) and what it is, in words."""
+    (``None``: not compared) and what it is, in words; a tensor's dtype (``float32``),
+    shape and device too."""
 
     path: str
     digest: int | None
     what: str
+    dtype: str = ""
+    shape: tuple[int, ...] = ()
+    device: str = ""
 
 
 def result_leaves(value: Any, path: str = "result") -> list[ResultLeaf]:
@@ -181,7 +185,9 @@ def _leaf(value: Any, path: str) -> ResultLeaf:
         if value.is_nested:
             what = f"a nested {what[2:]} (padded)"
         # A tensor with no digest (a subclass) counts by its dtype and shape, as an op does.
-        return ResultLeaf(path, outputs_digest(unnested([value])) ^ layout_code(dtype, shape), what)
+        bits = outputs_digest(unnested([value])) ^ layout_code(dtype, shape)
+        name = str(dtype).removeprefix("torch.")
+        return ResultLeaf(path, bits, what, name, tuple(shape), str(device))
     try:
         data = canonical_bytes(value, strict=True)
     except (TypeError, ValueError):

@@ -55,7 +55,17 @@ def _result_divergence(
         return None
     where = defined_at(fn)
     return Divergence(
-        ops, "", "", where, (), "", "", "result", run, path=differs.path, reference=differs.what
+        ops,
+        "",
+        "",
+        where,
+        differs.shape,
+        differs.dtype,
+        differs.device,
+        "result",
+        run,
+        path=differs.path,
+        reference=differs.what,
     )
 
 
