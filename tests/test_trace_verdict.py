@@ -374,20 +374,29 @@ def test_a_small_trace_compares_in_a_process_with_two_gb_of_address_space(
 ) -> None:
     a = record(tmp_path / "a.trace", lambda: torch.ones(3).add(1))
     assert a.stat().st_size < 4096
-    script = textwrap.dedent(
-        f"""
-        import resource, sys
-        resource.setrlimit(resource.RLIMIT_AS, (2_000_000 * 1024, 2_000_000 * 1024))
-        from detctx._cli import main
-        sys.exit(main(["compare", {str(a)!r}, {str(a)!r}]))
-        """
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+
+    def limited(then: str) -> subprocess.CompletedProcess[str]:
+        script = textwrap.dedent(
+            f"""
+            import resource, sys
+            resource.setrlimit(resource.RLIMIT_AS, (2_000_000 * 1024, 2_000_000 * 1024))
+            import torch
+            {then}
+            """
+        )
+        return subprocess.run(
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
+
+    if limited("pass").returncode != 0:
+        # torch 2.1's wheel maps its CUDA libraries when imported, past 2 GB by itself.
+        pytest.skip("this torch build cannot be imported under 2 GB of address space")
+    done = limited(
+        f"from detctx._cli import main; sys.exit(main(['compare', {str(a)!r}, {str(a)!r}]))"
     )
     assert done.returncode == 0, done.stderr
     assert "AGREE bit for bit" in done.stdout

@@ -265,10 +265,12 @@ class _Reader:
             or (counts[:, 1:].sum(axis=1) > counts[:, 0]).any()
         ):
             raise self.fail("an output whose element, NaN or Inf counts are not counts")
-        pairs = values["dtype"].astype(np.uint64) << np.uint64(32) | values["shape"]
+        pairs = values["dtype"].astype(np.uint64) << np.uint64(32) | values["shape"].astype(
+            np.uint64
+        )
         kinds, which = np.unique(pairs, return_inverse=True)
         expected = np.array(
-            [_numbers_in(strings[int(k >> 32)], strings[int(k & 0xFFFFFFFF)]) for k in kinds],
+            [_numbers_in(strings[k >> 32], strings[k & 0xFFFFFFFF]) for k in kinds.tolist()],
             dtype=np.float64,
         )
         wanted = expected[which.reshape(-1)]
