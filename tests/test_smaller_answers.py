@@ -4,6 +4,7 @@ shape, a trace plot labels its lines and marks the passes, and more."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 import detctx
@@ -24,3 +25,52 @@ def test_a_result_divergence_in_a_plain_value_leaves_dtype_and_shape_empty():
 
     assert found is not None and found.reason == "result"
     assert (found.dtype, found.shape, found.device) == ("", (), "")
+
+
+def record_steps(folder, name: str, scale: float) -> None:
+    """Three steps of a small model with AdamW, the hidden layer scaled by ``scale`` in step 2."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    optimizer = torch.optim.AdamW(model.parameters())
+    x = torch.randn(4, 8)
+    with detctx.recording(folder / name):
+        for step in range(3):
+            hidden = model[0](x) * (scale if step == 1 else 1.0)
+            loss = model[2](model[1](hidden)).sum()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+
+def test_a_trace_plot_labels_every_line_and_shades_backward_and_update(tmp_path):
+    pytest.importorskip("matplotlib")
+    from detctx._cli.trace_compare import SAME_BITS, error_figure, phases, plot_errors
+
+    for name, scale in (("a.trace", 1.0), ("b.trace", 1.001), ("c.trace", 1.5)):
+        record_steps(tmp_path, name, scale)
+    mild = detctx.compare_traces(tmp_path / "a.trace", tmp_path / "b.trace")
+    strong = detctx.compare_traces(tmp_path / "a.trace", tmp_path / "c.trace")
+
+    figures = [error_figure(mild), error_figure(strong)]
+    try:
+        labels = [text.get_text() for text in figures[0].axes[0].get_legend().get_texts()]
+        floors = [figure.axes[0].get_ylim() for figure in figures]
+        ticks = figures[0].axes[0].get_yticklabels()
+    finally:
+        import matplotlib.pyplot as pyplot
+
+        for figure in figures:
+            pyplot.close(figure)
+    plot_errors(mild, tmp_path / "errors.png")
+
+    assert (tmp_path / "errors.png").stat().st_size > 0
+    assert "tolerance, rank 0 (ops with float outputs)" in labels  # the dashed line
+    assert any(label.startswith("backward pass") for label in labels)
+    assert any(label.startswith("after backward, outside modules (optimizer") for label in labels)
+    assert floors[0] == floors[1] and floors[0][0] < SAME_BITS  # same bits: one row in every plot
+    assert ticks[0].get_text() == "same bits"
+    ops = mild.ranks[0].b
+    shaded = phases(ops.ops, ops.strings)
+    # step 1: 5 forward ops, 7 backward, AdamW's 9 for each of the 4 parameters
+    assert shaded["backward"][:48].sum() == 7 and shaded["update"][:48].sum() == 36
+    assert not (shaded["backward"] | shaded["update"])[:5].any()

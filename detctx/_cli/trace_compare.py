@@ -5,8 +5,8 @@ A file is taken for a trace by its first bytes, a folder by its
 Exit status 0 when every op is within tolerance, 1 when not, 2 when the
 traces cannot be compared (a damaged or cut file, different programs).
 ``--json`` prints :meth:`TraceComparison.as_dict`; ``--plot`` draws each
-op's estimated error along the run on a log scale, with the tolerance and
-the origin.
+op's estimated error along the run on a log scale, with the tolerance, the
+origin, and the backward passes and updates shaded.
 """
 
 from __future__ import annotations
@@ -15,14 +15,23 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
+
+import numpy as np
 
 from detctx._cli.plotting import load_pyplot
 
 if TYPE_CHECKING:
     from detctx._compare import TraceComparison
 
-__all__ = ["compare_recorded", "looks_like_trace", "plot_errors"]
+__all__ = [
+    "NOT_FINITE",
+    "SAME_BITS",
+    "compare_recorded",
+    "looks_like_trace",
+    "phases",
+    "plot_errors",
+]
 
 MAGIC: Final = b"DETCTXST"
 """:data:`detctx._compare.format.MAGIC` (importing it from there would import torch)."""
@@ -69,52 +78,135 @@ def compare_recorded(
     return 0 if result.agree else 1
 
 
+SAME_BITS: Final = 1e-18
+"""Where an op whose outputs have the same bits (error 0) is drawn, in every plot."""
+NOT_FINITE: Final = 1e4
+"""Where an op whose count of NaN or Inf differs (error inf) is drawn, in every plot."""
+_SMALLEST, _LARGEST = 1e-17, 1e3
+"""Errors are drawn between these, so the two rows above stay apart from them."""
+
+_PHASES: Final = (
+    ("backward", "#4c72b0", "backward pass (ops of an autograd node)"),
+    ("update", "#dd8452", "after backward, outside modules (optimizer step, clipping, ...)"),
+)
+
+
+def phases(trace_ops: np.ndarray, strings: list[str]) -> dict[str, np.ndarray]:
+    """For each op of a trace, whether it ran in the backward pass (it has an autograd
+    node) or after one, outside any module and without a node: the update. The rest is
+    the forward pass. The optimizer is not recorded as such: its ops carry the line that
+    called ``step()``, as any top-level op does."""
+    empty = np.array([text == "" for text in strings], dtype=bool)
+    backward = ~empty[trace_ops["node"]]
+    outside = empty[trace_ops["module"]] & ~backward
+    update = np.zeros(len(trace_ops), dtype=bool)
+    after_backward = False
+    for index in range(len(trace_ops)):
+        if backward[index]:
+            after_backward = True
+        elif not outside[index]:
+            after_backward = False
+        else:
+            update[index] = after_backward
+    return {"backward": backward, "update": update}
+
+
 def plot_errors(result: TraceComparison, path: Path) -> None:
-    """Each op's estimated error along B's run (log scale), its tolerance, the origin."""
+    """Each op's estimated error along B's run (log scale), its tolerance, the origin, and
+    the backward passes and updates shaded (:func:`error_figure`), written to ``path``."""
     pyplot = load_pyplot()
-    figure, axes = pyplot.subplots(figsize=(10, 5))
+    figure = error_figure(result)
     try:
-        errors = [e for r in result.ranks for e in r.error.tolist() if e > 0 and math.isfinite(e)]
-        # Same bits (0) and a NaN or Inf count that differs (inf) have no place on a log
-        # scale: they are drawn at the bottom and the top.
-        floor = min(errors, default=1e-8) / 10
-        ceiling = max(errors, default=1.0) * 10
+        figure.savefig(path)
+    finally:
+        pyplot.close(figure)
+
+
+def error_figure(result: TraceComparison) -> Any:
+    """The figure :func:`plot_errors` writes (the caller closes it). The rows for same
+    bits and for a NaN or Inf count that differs are at the same height in every plot."""
+    from detctx._cli.curves import short_names
+
+    pyplot = load_pyplot()
+    figure, axes = pyplot.subplots(figsize=(10, 6.5))
+    try:
+        origin = result.origin
+        marked = next((r for r in result.ranks if origin and r.rank == origin.rank), None)
+        marked = marked or (result.ranks[0] if result.ranks else None)
+        if marked is not None:
+            spans = phases(marked.b.ops, marked.b.strings)
+            x = np.arange(len(marked.b.ops))
+            for phase, colour, label in _PHASES:
+                axes.fill_between(
+                    x,
+                    0,
+                    1,
+                    where=spans[phase],
+                    step="mid",
+                    color=colour,
+                    alpha=0.12,
+                    linewidth=0,
+                    transform=axes.get_xaxis_transform(),
+                    label=f"{label}, rank {marked.rank}" if len(result.ranks) > 1 else label,
+                )
         for number, rank in enumerate(result.ranks):
             colour = f"C{number % 10}"
-            indices = [i for i, e in enumerate(rank.error.tolist()) if not math.isnan(e)]
-            shown = [min(max(float(rank.error[i]), floor), ceiling) for i in indices]
-            axes.plot(indices, shown, ".", markersize=2, color=colour, label=f"rank {rank.rank}")
-            bounded = [i for i in indices if rank.tolerance[i] > 0]
-            axes.plot(
-                bounded,
-                [min(max(float(rank.tolerance[i]), floor), ceiling) for i in bounded],
-                "_",
-                markersize=3,
-                color="grey",
-                label=f"rank {rank.rank} tolerance (float outputs)",
+            error = rank.error.astype(float)
+            indices = np.flatnonzero(~np.isnan(error))
+            shown = np.where(
+                error[indices] == 0,
+                SAME_BITS,
+                np.where(
+                    np.isinf(error[indices]), NOT_FINITE, error[indices].clip(_SMALLEST, _LARGEST)
+                ),
             )
-        origin = result.origin
+            axes.plot(
+                indices, shown, ".", markersize=3, color=colour, label=f"error, rank {rank.rank}"
+            )
+            tolerance = np.where(rank.tolerance > 0, rank.tolerance.astype(float), np.nan)
+            axes.plot(
+                np.arange(len(tolerance)),
+                tolerance.clip(_SMALLEST, _LARGEST),
+                "--",
+                drawstyle="steps-mid",
+                linewidth=1,
+                color=colour,
+                alpha=0.6,
+                label=f"tolerance, rank {rank.rank} (ops with float outputs)",
+            )
+        axes.axhline(SAME_BITS, color="grey", linestyle=":", linewidth=1)
+        axes.axhline(NOT_FINITE, color="grey", linestyle=":", linewidth=1)
         if origin is not None:
-            at = min(float(origin.error), ceiling)
+            at = (
+                NOT_FINITE
+                if math.isinf(origin.error)
+                else min(max(origin.error, _SMALLEST), _LARGEST)
+            )
             axes.plot(
                 [origin.index],
                 [at],
                 "o",
                 color="red",
-                markersize=9,
+                markersize=10,
                 fillstyle="none",
                 label="origin",
             )
             axes.annotate(
-                f"{origin.op}\n{origin.module_path}\n{origin.source}",
+                f"{origin.op}\n{origin.module_path or '(top level)'}\n{origin.source}",
                 (origin.index, at),
                 textcoords="offset points",
-                xytext=(10, 10),
+                xytext=(12, -34),
                 fontsize=8,
             )
         axes.set_yscale("log")
-        axes.set_xlabel("op of B, in the order it ran")
-        axes.set_ylabel(f"estimated relative error (same bits at {floor:.0e})")
+        axes.set_ylim(SAME_BITS / 10, NOT_FINITE * 10)
+        ticks = [SAME_BITS, *(10.0**power for power in range(-15, 4, 3)), NOT_FINITE]
+        axes.set_yticks(ticks)
+        axes.set_yticklabels(
+            ["same bits", *(f"1e{power}" for power in range(-15, 4, 3)), "NaN/Inf differ"]
+        )
+        axes.set_xlabel("op of B, in the order it ran (unshaded: forward pass)")
+        axes.set_ylabel("estimated relative error")
         verdict = (
             "bit for bit"
             if result.bitwise
@@ -122,9 +214,13 @@ def plot_errors(result: TraceComparison, path: Path) -> None:
             if result.agree
             else (f"{len(result.past_tolerance)} ops past tolerance")
         )
-        axes.set_title(f"{result.a} against {result.b}: {verdict}", fontsize=9)
-        axes.legend(fontsize=8, loc="lower right")
+        a, b = short_names([result.a, result.b])
+        axes.set_title(f"{a} against {b}: {verdict}", fontsize=9)
+        axes.legend(
+            fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, frameon=False
+        )
         figure.tight_layout()
-        figure.savefig(path)
-    finally:
+    except BaseException:
         pyplot.close(figure)
+        raise
+    return figure
