@@ -409,3 +409,15 @@ def test_an_output_of_zeros_has_the_relative_tolerance_not_a_huge_one(tmp_path: 
     (zeros, changed) = result.ranks[0].tolerance.tolist()
     assert zeros == pytest.approx(3e-4) and changed < 1e-3
     assert result.origin is not None and result.origin.index == 1
+
+
+def test_an_absolute_tolerance_with_no_relative_one_still_compares_floats_by_it(
+    tmp_path: Path,
+) -> None:
+    values = torch.linspace(0.0, 1.0, 1000)
+    moved = values + 1e-6
+    a = record(tmp_path / "a.trace", lambda: values.add(0))
+    b = record(tmp_path / "b.trace", lambda: moved.add(0))
+    assert not detctx.compare_traces(a, b, rtol=0.0, atol=0.0).agree
+    assert detctx.compare_traces(a, b, rtol=0.0, atol=1e-5).agree
+    assert not detctx.compare_traces(a, b, rtol=0.0, atol=1e-7).agree

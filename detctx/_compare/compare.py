@@ -193,9 +193,11 @@ def compare_rank(
     dtypes_a[has] = _texts(a, a.values["dtype"][partner[has]])
     names, which = np.unique(np.concatenate([dtypes_a, dtypes]).astype(str), return_inverse=True)
     table = np.array([tolerance_of(str(name), rtol, atol) for name in names]).reshape(-1, 2)
+    exact_names = np.array([str(name) not in TOLERANCES for name in names], dtype=bool)
     which = which.reshape(2, -1)
     rtols = np.minimum(table[which[0], 0], table[which[1], 0])
     atols = np.minimum(table[which[0], 1], table[which[1], 1])
+    exact_dtype = exact_names[which[0]] | exact_names[which[1]]
     owner = np.repeat(np.arange(len(b)), b.ops["outputs"].astype(np.int64))
     changed = np.flatnonzero(dtypes_a != dtypes)
     retyped = {int(owner[i]): (str(dtypes_a[i]), str(dtypes[i])) for i in changed}
@@ -212,9 +214,10 @@ def compare_rank(
     known = has & ((high_b != 0) | (low_b != 0))
     same_bits = known & (high_a == high_b) & (low_a == low_b)
     differences: dict[int, str] = {}
-    # Integer and bool outputs: their bits decide.
-    exact = has & (rtols == 0)
+    # Integer and bool outputs: their bits decide (where they were read; else no estimate).
+    exact = has & exact_dtype & known
     error[exact] = np.where(same_bits[exact], 0.0, np.inf)
+    error[has & exact_dtype & ~known] = np.nan
     for index in np.flatnonzero(exact & ~same_bits)[:_NAMED]:
         differences.setdefault(int(owner[index]), f"{dtypes[index]} values differ")
     with np.errstate(invalid="ignore"):
