@@ -13,6 +13,7 @@ RNG and loader was as before.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -21,7 +22,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.device_mesh import init_device_mesh
 
 import detctx
 from detctx._data import dcp_state
@@ -111,6 +111,8 @@ def resumed_everywhere(states: dict[str, Any], **options: Any) -> dict[str, Any]
 
 
 def meshes_with_other_names(rank: int) -> dict[str, Any]:
+    from torch.distributed.device_mesh import init_device_mesh
+
     mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("dp",) if rank == 0 else ("fsdp",))
 
     def enter() -> None:
@@ -121,6 +123,8 @@ def meshes_with_other_names(rank: int) -> dict[str, Any]:
 
 
 def absent_dims() -> dict[str, Any]:
+    from torch.distributed.device_mesh import init_device_mesh
+
     mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("dp_shard",))
     seeds = {}
     for dims in (("pp",), ("pp", "dp_shard")):
@@ -144,8 +148,9 @@ def main() -> None:
             torch.save(states, out / "rank0-of-2.pt")
         result["rank 0's state"] = resumed_everywhere(states)
         result["rank 0's state, any_rank=True"] = resumed_everywhere(states, any_rank=True)
-        result["meshes with other names"] = meshes_with_other_names(rank)
-        result["absent dims"] = absent_dims()
+        if importlib.util.find_spec("torch.distributed.device_mesh") is not None:
+            result["meshes with other names"] = meshes_with_other_names(rank)
+            result["absent dims"] = absent_dims()
     else:
         states = torch.load(out.parent / "two" / "rank0-of-2.pt", weights_only=True)
         result["rank 0 of 2's state"] = resumed_everywhere(states)

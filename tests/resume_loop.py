@@ -83,7 +83,8 @@ def train(directory: str, cell: str, resume: bool, rank: int, world: int) -> dic
         loader = build_loader(cell, rank, world)
         start = 0
         if resume:
-            if rank == 1:
+            if world > 1:
+                # A collective: every rank resumes rank 0's file; rank 1 refuses, so all do.
                 result["other_rank"] = refusal_of(f"{directory}/{cell}.rank0.ckpt", loader)
             checkpoint = torch.load(checkpoint_path, weights_only=True)
             model.load_state_dict(checkpoint["model"])

@@ -37,6 +37,7 @@ def torchrun(world: int, out: Path) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def launches(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
+    pytest.importorskip("torchdata.stateful_dataloader")  # the ranks build resumable loaders
     folder = tmp_path_factory.mktemp("agreed")
     two = torchrun(2, folder / "two")
     return {"two": two, "four": torchrun(4, folder / "four")}
@@ -117,6 +118,8 @@ def test_meshes_with_other_dim_names_are_refused_on_both_ranks(
     launches: dict[str, list[dict[str, Any]]],
 ) -> None:
     # Rank 0 passes mesh_dim_names=("dp",), rank 1 ("fsdp",): the same grid.
+    if "meshes with other names" not in launches["two"][0]:
+        pytest.skip("this torch has no DeviceMesh")
     seen = [rank["meshes with other names"] for rank in launches["two"]]
     assert "disagree on how each rank's seed is derived" in refused_alike(seen, "SeedMismatchError")
 
@@ -128,6 +131,8 @@ def test_a_distinct_dim_the_mesh_leaves_out_is_a_dim_of_size_1_as_in_torchtitan(
 ) -> None:
     # torchtitan's trainer passes ["pp"] on a mesh without pp when pp=1: its seed is
     # seed + 0 on every rank; with ("pp", "dp_shard") the dp_shard rank times size(pp) = 1.
+    if "absent dims" not in launches["two"][0]:
+        pytest.skip("this torch has no DeviceMesh")
     seen = [rank["absent dims"] for rank in launches["two"]]
     assert [rank["pp"] for rank in seen] == [[SEED, SEED], [SEED, SEED]]
     assert [rank["pp+dp_shard"] for rank in seen] == [[SEED, SEED], [SEED + 1, SEED + 1]]

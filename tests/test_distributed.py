@@ -431,7 +431,7 @@ def test_ranks_that_arrived_are_not_named_missing_when_the_store_answers_slowly(
             raise RuntimeError("Socket Timeout")
 
     store = SlowStore()
-    monkeypatch.setattr(_arrival, "_store", lambda: store)
+    monkeypatch.setattr(_arrival, "default_store", lambda: store)
     prefix = "detctx/arrival/test/1"
     store.add(f"{prefix}/1", 1)  # rank 1 arrived before this one; rank 2 never does
     store.add(f"{prefix}/count", 1)

@@ -101,9 +101,12 @@ def test_torchrun_ddp_ranks_resumed_in_fresh_processes_continue_bit_for_bit(
 def test_rank_1_resuming_from_rank_0s_checkpoint_is_refused_with_nothing_changed(
     torchrun_ddp: Path, cell: str
 ) -> None:
-    _, resumed = results(torchrun_ddp, cell, 1)
-    assert "rank was 0, is 1 now" in resumed["other_rank"]
-    assert "load the checkpoint rank 1 wrote" in resumed["other_rank"]
+    # Both ranks resume rank 0's file (a collective): rank 1 refuses, so both are refused.
+    seen = [results(torchrun_ddp, cell, rank)[1]["other_rank"] for rank in (0, 1)]
+    assert seen[0] == seen[1]
+    assert "refused on rank 1" in seen[1]
+    assert "saved on rank 0 of 2, and this is rank 1 of 2" in seen[1]
+    assert "Resume each rank from the state it saved" in seen[1]
 
 
 @pytest.mark.parametrize("sampler", ["shuffle", "distributed", "random"])
