@@ -21,7 +21,7 @@ import torch
 
 import detctx._sources.checks as checks
 import detctx._sources.plain as plain
-from detctx._sources.numpy_restore import restore_random_state
+from detctx._sources.numpy_restore import capture_random_state, restore_random_state
 
 __all__ = ["NumpyGeneratorSource", "NumpyRandomStateSource"]
 
@@ -57,7 +57,7 @@ class NumpyRandomStateSource:
         # The legacy tuple exists for MT19937 only; asking it of another bit
         # generator warns (RuntimeWarning) and returns the dict anyway.
         if isinstance(rng._bit_generator, np.random.MT19937):
-            return rng.get_state()
+            return capture_random_state(rng)
         return rng.get_state(legacy=False)
 
     def restore(self, state: Any) -> None:
