@@ -228,3 +228,14 @@ def test_compare_help_describes_traces_as_well_as_logs(capsys):
     assert "a trace or a folder of rank traces written by detctx record" in out
     assert "the first op whose error its inputs do not explain" in out
     assert "a detctx doctor --json report" in out
+
+
+def test_a_trainer_state_that_mentions_a_reports_words_is_still_read_as_one(tmp_path, capsys):
+    state = {"log_history": [{"loss": 0.6931471805599453, "step": 1, "versions": 1, "flags": 2, "environment": 3}]}
+    for name in ("a.json", "b.json"):
+        (tmp_path / name).write_text(json.dumps(state))
+
+    status = cli.main(["compare", str(tmp_path / "a.json"), str(tmp_path / "b.json")])
+
+    assert status == 0
+    assert "agree bit for bit on all 1 metric value" in capsys.readouterr().out

@@ -33,7 +33,7 @@ def doctor_reports(paths: Sequence[Path]) -> list[dict[str, Any]] | None:
     if not all(path.suffix.lower() == ".json" and path.is_file() for path in paths):
         return None
     texts = [read_log_text(path, encoding="utf-8-sig") for path in paths]
-    found = [_looks_like_report(text) for text in texts]
+    found = [_report_keys(text) for text in texts]
     if not any(found):
         return None
     if not all(found):
@@ -120,9 +120,14 @@ def _rows(report: dict[str, Any]) -> dict[tuple[str, str], Any]:
     return rows
 
 
-def _looks_like_report(text: str) -> bool:
-    head = text.lstrip()[:4096]
-    return head.startswith("{") and all(f'"{key}"' in text[: 1 << 20] for key in _NEEDED)
+def _report_keys(text: str) -> bool:
+    """Whether ``text`` is a JSON object with a report's parts at its top level (a
+    ``trainer_state.json`` has ``log_history`` there)."""
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(value, dict) and all(key in value for key in _NEEDED)
 
 
 def _checked(text: str, name: str) -> dict[str, Any]:
