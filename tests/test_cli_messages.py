@@ -134,7 +134,7 @@ def test_the_command_help_names_every_argument_as_the_usage_does(capsys):
 
     with pytest.raises(SystemExit):
         cli.main(["compare", "-h"])
-    assert "trainer_state.json, or a folder" in capsys.readouterr().out
+    assert "trainer_state.json or a folder" in capsys.readouterr().out
 
 
 def test_with_three_runs_the_verdict_names_the_run_that_parted_and_the_one_that_agrees():

@@ -231,7 +231,11 @@ def test_compare_help_describes_traces_as_well_as_logs(capsys):
 
 
 def test_a_trainer_state_that_mentions_a_reports_words_is_still_read_as_one(tmp_path, capsys):
-    state = {"log_history": [{"loss": 0.6931471805599453, "step": 1, "versions": 1, "flags": 2, "environment": 3}]}
+    state = {
+        "log_history": [
+            {"loss": 0.6931471805599453, "step": 1, "versions": 1, "flags": 2, "environment": 3}
+        ]
+    }
     for name in ("a.json", "b.json"):
         (tmp_path / name).write_text(json.dumps(state))
 
@@ -239,3 +243,16 @@ def test_a_trainer_state_that_mentions_a_reports_words_is_still_read_as_one(tmp_
 
     assert status == 0
     assert "agree bit for bit on all 1 metric value" in capsys.readouterr().out
+
+
+def test_torchtitans_validation_lines_are_not_read_as_training_losses(tmp_path, capsys):
+    validation = (
+        f"[titan] ... - root - INFO - {TITAN_RED}validate step: 2  {TITAN_GREEN}loss: 9.99999\n"
+    )
+    for name in ("a.log", "b.log"):
+        (tmp_path / name).write_text(titan_line(1, 8.5) + validation + titan_line(2, 7.5))
+
+    status = cli.main(["compare", str(tmp_path / "a.log"), str(tmp_path / "b.log")])
+
+    assert status == 0
+    assert "on all 2 metric values (first 8.50000, last 7.50000)" in capsys.readouterr().out

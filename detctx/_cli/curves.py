@@ -70,8 +70,9 @@ It matches ``lm loss: 1.234E+00`` (Megatron, MindSpeed), ``loss=0.123`` and
 (Hugging Face Trainer 4.x) and ``{'loss': '0.6704', ...}`` (5.x, quoted),
 ``Loss: 0.5``, ``loss: tensor(0.5000)`` (a printed tensor), ``loss 0.123``
 and ``step 3 loss: 0.5``. It skips ``val_loss``, ``eval_loss``,
-``test_loss`` and ``loss scale: 1.0``, so validation lines and Megatron's
-loss scale are not part of the curve.
+``test_loss`` and ``loss scale: 1.0``, and torchtitan's ``validate step: N
+loss: x`` lines, so validation lines and Megatron's loss scale are not part
+of the curve.
 """
 
 _STEP: Final = re.compile(
@@ -92,6 +93,9 @@ line's first 4,096 characters (metric lines are a few hundred). A metric
 printed further along a line is not read with ``--pattern``."""
 
 _linear_sources: Final = {DEFAULT_PATTERN}
+_VALIDATION_LINE: Final = "validate step:"
+"""torchtitan's validation lines (``validate step: 10  loss: 7.12345``), which the default
+pattern would otherwise read as training losses."""
 
 
 @dataclass(frozen=True)
@@ -164,6 +168,8 @@ def extract(lines: Iterable[str], pattern: re.Pattern[str], name: str = "log") -
 def parse_line(line: str, number: int, pattern: re.Pattern[str], name: str) -> Point | None:
     """The metric point on one line, or ``None`` when the pattern does not match it."""
     line = without_colours(line)
+    if pattern.pattern == DEFAULT_PATTERN and _VALIDATION_LINE in line:
+        return None
     reach = len(line) if pattern.pattern in _linear_sources else PATTERN_REACH
     match = pattern.search(line, 0, reach)
     if match is None:
