@@ -17,11 +17,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-import numpy as np
-
 from detctx._cli.plotting import load_pyplot
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from detctx._compare import TraceComparison
 
 __all__ = [
@@ -96,6 +96,8 @@ def phases(trace_ops: np.ndarray, strings: list[str]) -> dict[str, np.ndarray]:
     node) or after one, outside any module and without a node: the update. The rest is
     the forward pass. The optimizer is not recorded as such: its ops carry the line that
     called ``step()``, as any top-level op does."""
+    import numpy as np  # here: `detctx run` imports this module, and neither torch nor NumPy
+
     empty = np.array([text == "" for text in strings], dtype=bool)
     backward = ~empty[trace_ops["node"]]
     outside = empty[trace_ops["module"]] & ~backward
@@ -125,6 +127,8 @@ def plot_errors(result: TraceComparison, path: Path) -> None:
 def error_figure(result: TraceComparison) -> Any:
     """The figure :func:`plot_errors` writes (the caller closes it). The rows for same
     bits and for a NaN or Inf count that differs are at the same height in every plot."""
+    import numpy as np
+
     from detctx._cli.curves import short_names
 
     pyplot = load_pyplot()
