@@ -1,6 +1,6 @@
 """The environment a trace was recorded in, as one flat table of names to plain values.
 
-Versions (detctx, torch, Python, NumPy, CUDA, CANN), the devices, torch's
+Versions (detctx, torch, Python, NumPy, the CUDA torch was built with, CANN), the devices, torch's
 thread count, the world size and rank, torch's determinism switches and the
 environment variables that steer determinism or collectives. Flat, so two
 traces' environments are compared name by name
@@ -89,7 +89,9 @@ def environment() -> dict[str, Any]:
         "torch": torch.__version__,
         "python": platform.python_version(),
         "numpy": np.__version__,
-        "cuda": torch.version.cuda,
+        # The CUDA torch was built with (a CPU-only machine has it too); "devices" says
+        # what the process had.
+        "build.cuda": torch.version.cuda,
         "cann": _cann(),
         "torch_npu": getattr(sys.modules.get("torch_npu"), "__version__", None),
         "devices": _devices(),
