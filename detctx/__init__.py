@@ -43,6 +43,7 @@ if TYPE_CHECKING:
         seed_all,
     )
     from detctx._compare import (
+        BitsPart,
         OpError,
         TraceComparison,
         UnpairedOps,
@@ -170,6 +171,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "PlainStateSource",
     ),
     "detctx._compare": (
+        "BitsPart",
         "OpError",
         "TraceComparison",
         "UnpairedOps",
@@ -196,6 +198,7 @@ __all__ = [
     "DEFAULT_SEED",
     "PROBE_OPS",
     "SEED_ENV",
+    "BitsPart",
     "CheckpointError",
     "DCPResumeState",
     "DetctxError",

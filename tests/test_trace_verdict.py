@@ -421,3 +421,50 @@ def test_an_absolute_tolerance_with_no_relative_one_still_compares_floats_by_it(
     assert not detctx.compare_traces(a, b, rtol=0.0, atol=0.0).agree
     assert detctx.compare_traces(a, b, rtol=0.0, atol=1e-5).agree
     assert not detctx.compare_traces(a, b, rtol=0.0, atol=1e-7).agree
+
+
+def _mlp(gelu: str, dropout_seed: int | None = None) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(16, 32),
+        torch.nn.GELU(),
+        torch.nn.Linear(32, 32),
+        torch.nn.GELU(approximate=gelu),
+        torch.nn.Dropout(0.5),
+        torch.nn.Linear(32, 1),
+    )
+    x = torch.randn(8, 16)
+    if dropout_seed is not None:
+        torch.manual_seed(dropout_seed)
+    model(x).square().mean().backward()
+
+
+def test_where_the_bits_first_part_from_the_same_inputs_is_named_within_tolerance(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = record(tmp_path / "a.trace", lambda: _mlp("none"))
+    b = record(tmp_path / "b.trace", lambda: _mlp("tanh"))
+    status, result = compare(a, b, capsys)
+    # A GELU in its tanh form is within float32's tolerance here, yet the op is named.
+    first = result["bits_part"][0]
+    assert first["op"] == "aten::gelu" and first["module_path"] == "Sequential.3"
+    assert first["backward"] is None and not first["random"]
+    assert status == 0 and result["agree"] and not result["bitwise"]
+    assert main(["compare", str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert f"bits first part: rank 0, op {first['index']} aten::gelu in Sequential.3" in out
+    assert "its inputs are the same bits in A and B, its outputs are not" in out
+
+
+def test_a_random_op_that_draws_differently_from_the_same_inputs_is_named_as_such(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = record(tmp_path / "a.trace", lambda: _mlp("none", dropout_seed=1))
+    b = record(tmp_path / "b.trace", lambda: _mlp("none", dropout_seed=2))
+    status, result = compare(a, b, capsys)
+    assert status == 1
+    origin = result["origin"]
+    assert origin["op"] == "aten::bernoulli_.float" and origin["module_path"] == "Sequential.4"
+    assert "the generators draw differently" in origin["difference"]
+    assert result["bits_part"][0]["index"] == origin["index"]
+    assert result["bits_part"][0]["random"]

@@ -12,12 +12,13 @@ sketches, and names the first op whose error its inputs do not explain.
 from __future__ import annotations
 
 from detctx._compare.compare import TOLERANCES
-from detctx._compare.findings import OpError, UnpairedOps
+from detctx._compare.findings import BitsPart, OpError, UnpairedOps
 from detctx._compare.reading import is_trace
 from detctx._compare.report import TraceComparison, compare_traces
 from detctx._compare.session import RECORD_ENV, recording, start_from_environment
 
 __all__ = [
+    "BitsPart",
     "RECORD_ENV",
     "TOLERANCES",
     "OpError",

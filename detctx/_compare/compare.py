@@ -49,6 +49,7 @@ import numpy as np
 
 from detctx._compare.align import Alignment, align
 from detctx._compare.format import Trace
+from detctx._compare.parting import RANDOM_ADVICE, bits_part, random_op
 from detctx._compare.sketch import STATISTICS, relative_difference
 
 __all__ = ["TOLERANCES", "RankComparison", "compare_rank", "tolerance_of", "unaccounted"]
@@ -115,6 +116,7 @@ class RankComparison:
     differences: dict[int, str]  # op of B -> what differs besides values (shape, outputs, ...)
     unaccounted_a: np.ndarray  # bool per op of A: no partner, and no compared value reads it
     unaccounted_b: np.ndarray  # bool per op of B: likewise
+    parted: np.ndarray  # bool per op of B: inputs the same bits as in A, outputs not
 
 
 def _partners(a: Trace, b: Trace, alignment: Alignment) -> tuple[np.ndarray, np.ndarray]:
@@ -268,6 +270,10 @@ def compare_rank(
         and bool((a.ops["low"][op_partner] == b.ops["low"]).all())
     )
     lonely_a, lonely_b = unaccounted(a, b, op_partner)
+    parted = bits_part(a, b, op_partner, partner, same_bits)
+    for index in np.flatnonzero(parted)[:_NAMED].tolist():
+        if random_op(b.text(b.ops["op"][index])):
+            differences.setdefault(index, RANDOM_ADVICE)
     return RankComparison(
         rank,
         a,
@@ -284,6 +290,7 @@ def compare_rank(
         differences,
         lonely_a,
         lonely_b,
+        parted,
     )
 
 

@@ -1,5 +1,6 @@
-"""What a trace comparison found, as typed objects: an op past tolerance (:class:`OpError`)
-and a run of ops one trace has and the other has not (:class:`UnpairedOps`).
+"""What a trace comparison found, as typed objects: an op past tolerance (:class:`OpError`),
+a run of ops one trace has and the other has not (:class:`UnpairedOps`), and an op where
+the bits part (:class:`BitsPart`).
 
 Each has ``as_dict()``, the plain data ``detctx compare --json`` prints (infinite and NaN
 numbers as text).
@@ -14,8 +15,9 @@ from typing import Any, Final, Literal
 import numpy as np
 
 from detctx._compare.compare import RankComparison
+from detctx._compare.parting import random_op
 
-__all__ = ["OpError", "UnpairedOps", "op_error", "unpaired_ops"]
+__all__ = ["BitsPart", "OpError", "UnpairedOps", "bits_parts", "op_error", "unpaired_ops"]
 
 SHOWN_MODULES: Final = 5
 """Modules named for a run of unpaired ops, at most."""
@@ -77,6 +79,52 @@ class UnpairedOps:
         data = asdict(self)
         data["modules"] = list(self.modules)
         return data
+
+
+@dataclass(frozen=True)
+class BitsPart:
+    """An op of B whose inputs are the same bits as in A and whose outputs are not: the op
+    itself computed something else, whatever the size (``error`` within ``tolerance`` or
+    not). ``random``: it draws random numbers (its generator draws differently)."""
+
+    rank: int
+    index: int
+    op: str
+    module_path: str
+    source: str
+    backward: str | None
+    error: float
+    tolerance: float
+    random: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        for name in ("error", "tolerance"):
+            data[name] = _finite(data[name])
+        return data
+
+
+def bits_parts(rank: RankComparison) -> list[BitsPart]:
+    """Every op of ``rank``'s B where the bits part with the same inputs, in order."""
+    trace = rank.b
+    found = []
+    for index in np.flatnonzero(rank.parted).tolist():
+        row = trace.ops[index]
+        name = trace.text(row["op"])
+        found.append(
+            BitsPart(
+                rank=rank.rank,
+                index=index,
+                op=name,
+                module_path=trace.text(row["module"]),
+                source=trace.text(row["source"]),
+                backward=trace.text(row["node"]) or None,
+                error=float(rank.error[index]),
+                tolerance=float(rank.tolerance[index]),
+                random=random_op(name),
+            )
+        )
+    return found
 
 
 def op_error(rank: RankComparison, index: int) -> OpError:

@@ -28,12 +28,15 @@ from detctx._compare.compare import RankComparison, compare_rank
 from detctx._compare.environment import environment_differences
 from detctx._compare.findings import (
     SHOWN_MODULES,
+    BitsPart,
     OpError,
     UnpairedOps,
+    bits_parts,
     op_error,
     unpaired_ops,
 )
 from detctx._compare.format import COMPLETED, UNSHARED
+from detctx._compare.parting import RANDOM_ADVICE
 from detctx._compare.reading import read_run
 
 __all__ = ["TraceComparison", "compare_traces"]
@@ -55,7 +58,10 @@ class TraceComparison:
     not, that no compared value reads (``trace`` ``"A"`` or ``"B"``, ``first``..``last``
     their indices, ``at_end`` after the other trace's last paired op);
     ``not_completed``: ``"A"``/``"B"`` -> how a run that did not run to its end ended;
-    ``ranks_only``: ``"A"``/``"B"`` -> ranks the other run lacks;
+    ``ranks_only``: ``"A"``/``"B"`` -> ranks the other run lacks; ``bits_part``: every op
+    whose inputs are the same bits in A and B and whose outputs are not, within
+    tolerance or not (the op itself computed something else; a random op's generator drew
+    differently);
     ``environment_differences``: ``name -> [value in A, value in B]``.
     """
 
@@ -67,6 +73,7 @@ class TraceComparison:
     origin: OpError | None = None
     past_tolerance: list[OpError] = field(default_factory=list)
     unpaired: list[UnpairedOps] = field(default_factory=list)
+    bits_part: list[BitsPart] = field(default_factory=list)
     not_completed: dict[str, str] = field(default_factory=dict)
     ranks_only: dict[str, list[int]] = field(default_factory=dict)
     environment_differences: dict[str, list[Any]] = field(default_factory=dict)
@@ -84,6 +91,7 @@ class TraceComparison:
             "origin": self.origin.as_dict() if self.origin else None,
             "past_tolerance": [entry.as_dict() for entry in self.past_tolerance],
             "unpaired": [entry.as_dict() for entry in self.unpaired],
+            "bits_part": [entry.as_dict() for entry in self.bits_part],
             "not_completed": self.not_completed,
             "ranks_only": self.ranks_only,
             "environment_differences": self.environment_differences,
@@ -130,7 +138,27 @@ class TraceComparison:
         else:
             lines.append(f"traces DIFFER: {self._reasons()}.")
         lines += self._what_differs(shown)
+        lines += self._where_bits_part()
         return "\n".join(lines)
+
+    def _where_bits_part(self) -> list[str]:
+        if self.bitwise or not self.bits_part:
+            return []
+        first = min(self.bits_part, key=lambda entry: (entry.index, entry.rank))
+        line = (
+            f"bits first part: rank {first.rank}, op {first.index} {first.op} in "
+            f"{first.module_path or '(no module)'} ({first.source}): its inputs are the same "
+            f"bits in A and B, its outputs are not (error {_number(first.error)}, tolerance "
+            f"{_number(first.tolerance)})"
+        )
+        if first.random:
+            line += f"; {RANDOM_ADVICE}"
+        if len(self.bits_part) > 1:
+            line += (
+                f"; {len(self.bits_part) - 1} more ops where the bits part from the same "
+                "inputs (--json lists all)"
+            )
+        return [line]
 
     def _reasons(self) -> str:
         reasons = []
@@ -272,6 +300,7 @@ def compare_traces(
             known = result.modules_only.setdefault(side, [])
             known += [module or "(no module)" for module in modules if module not in known]
         result.unpaired += unpaired_ops(compared)
+        result.bits_part += bits_parts(compared)
     result.modules_only = {side: found for side, found in result.modules_only.items() if found}
     for compared in result.ranks:
         result.past_tolerance += [op_error(compared, int(i)) for i in compared.past.nonzero()[0]]

@@ -1,0 +1,92 @@
+"""Where the bits first part: an op whose inputs are the same bits in both runs and whose
+outputs are not.
+
+That is the strongest evidence a pair of traces holds: whatever the sizes, the
+op itself (its kernel, its arguments, its code) computed something else from
+the same data. It is found from the digests alone, so it is seen even where
+every op is within tolerance (a GELU switched to its tanh form: 5e-5 at the
+op, under float32's 3e-4). An input counts as the same bits when the data
+flow lines it up with the value the partner read in A (the output of the
+partner of the op that made it) and their digests are equal (the tensor a
+random op fills in place is written, not read, and does not count); data no
+recorded op made (parameters from before the recording, the batch) is not
+known to be equal, so an op reading it is never said to be where the bits
+part. A random op whose inputs agree and whose draws do not is named as
+such: its generator draws other numbers (another torch release or device).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+
+from detctx._compare.format import Trace
+
+__all__ = ["RANDOM_ADVICE", "bits_part", "random_op"]
+
+RANDOM_ADVICE = (
+    "a random op whose inputs are the same bits: the generators draw differently (each "
+    "torch release and device draws its own numbers from one seed); compare runs of one "
+    "release and device there, or with the run's random ops off"
+)
+
+
+def bits_part(
+    a: Trace,
+    b: Trace,
+    op_partner: np.ndarray,
+    value_partner: np.ndarray,
+    same_bits: np.ndarray,
+) -> np.ndarray:
+    """Per op of B: it has a partner, every tensor it reads is the same bits as what the
+    partner read in A (``value_partner`` and ``same_bits`` per output of B), and its own
+    outputs' digest is not the partner's."""
+    paired = op_partner >= 0
+    partner = np.maximum(op_partner, 0)
+    counts = b.ops["inputs"].astype(np.int64)
+    readers = np.flatnonzero(paired & (counts == a.ops["inputs"][partner]))
+    same_inputs = np.zeros(len(b), dtype=bool)
+    same_inputs[readers[counts[readers] == 0]] = True
+    readers = readers[counts[readers] > 0]
+    if len(readers):
+        many = counts[readers]
+        offsets = np.arange(many.sum()) - np.repeat(np.cumsum(many) - many, many)
+        made_b = b.inputs[np.repeat(b.first_input[readers], many) + offsets]
+        made_a = a.inputs[np.repeat(a.first_input[partner[readers]], many) + offsets]
+        known = (made_b["op"] >= 0) & (made_a["op"] >= 0)
+        vb = b.first_value[np.maximum(made_b["op"], 0)] + made_b["output"].astype(np.int64)
+        va = a.first_value[np.maximum(made_a["op"], 0)] + made_a["output"].astype(np.int64)
+        agree = known & (value_partner[vb] == va) & same_bits[vb]
+        # A random fill in place (bernoulli_, normal_, uniform_, ...) writes its first
+        # input without reading its values: what was there does not count.
+        names, which = np.unique(b.ops["op"][readers], return_inverse=True)
+        fills = np.array([_random_fill(b.text(name)) for name in names.tolist()], dtype=bool)
+        agree[np.repeat(fills[which.reshape(-1)], many) & (offsets == 0)] = True
+        starts = np.concatenate(([0], np.cumsum(many)[:-1]))
+        same_inputs[readers] = np.logical_and.reduceat(agree, starts)
+    differ = paired & (
+        (a.ops["high"][partner] != b.ops["high"]) | (a.ops["low"][partner] != b.ops["low"])
+    )
+    found: np.ndarray = same_inputs & differ
+    return found
+
+
+@functools.lru_cache(maxsize=1024)
+def _random_fill(name: str) -> bool:
+    """A random op that fills its first argument in place (``aten::normal_``)."""
+    return name.partition(".")[0].endswith("_") and random_op(name)
+
+
+@functools.lru_cache(maxsize=1024)
+def random_op(name: str) -> bool:
+    """Whether the ATen op named ``name`` (``aten::bernoulli_.float``) draws random numbers
+    (torch tags it ``nondeterministic_seeded``); ``False`` for a name this torch lacks."""
+    namespace, _, rest = name.partition("::")
+    op_name, _, overload = rest.partition(".")
+    try:
+        packet = getattr(getattr(torch.ops, namespace), op_name)
+        return torch.Tag.nondeterministic_seeded in getattr(packet, overload or "default").tags
+    except (AttributeError, RuntimeError):
+        return False
