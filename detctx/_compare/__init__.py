@@ -18,9 +18,9 @@ from detctx._compare.report import TraceComparison, compare_traces
 from detctx._compare.session import RECORD_ENV, recording, start_from_environment
 
 __all__ = [
-    "BitsPart",
     "RECORD_ENV",
     "TOLERANCES",
+    "BitsPart",
     "OpError",
     "TraceComparison",
     "UnpairedOps",
