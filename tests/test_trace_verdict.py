@@ -114,7 +114,8 @@ def test_an_op_after_the_last_step_in_b_only_is_named(
     assert status == 1 and not result["agree"]
     (extra,) = result["unpaired"]
     assert extra["trace"] == "B" and extra["ops"] == 1 and extra["op"] == "aten::mul_.Tensor"
-    assert extra["source"].endswith(f"{Path(__file__).name}:{_line_of('mul_(1.5)')}")
+    where = f"{Path(__file__).name}:{_line_of('mul_(1.5)')}"
+    assert extra["source"].endswith(f"{where} [parameter Sequential.0.weight]")
 
 
 def _line_of(text: str) -> int:
@@ -468,3 +469,32 @@ def test_a_random_op_that_draws_differently_from_the_same_inputs_is_named_as_suc
     assert "the generators draw differently" in origin["difference"]
     assert result["bits_part"][0]["index"] == origin["index"]
     assert result["bits_part"][0]["random"]
+
+
+def _adamw(bias_lr: float) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    others = [p for name, p in model.named_parameters() if name != "2.bias"]
+    optimiser = torch.optim.AdamW(
+        [{"params": others}, {"params": [model[2].bias], "lr": bias_lr}], lr=1e-2, foreach=False
+    )
+    data = torch.randn(3, 4, 8)
+    for step in range(3):
+        optimiser.zero_grad()
+        model(data[step]).square().mean().backward()
+        optimiser.step()
+
+
+def test_an_optimizer_op_is_named_by_the_parameter_it_updates(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = record(tmp_path / "a.trace", lambda: _adamw(1e-2))
+    trace = read_trace(a)
+    sources = {trace.text(number) for number in trace.ops["source"].tolist()}
+    assert any(source.endswith("[parameter Sequential.2.bias]") for source in sources)
+    assert any(source.endswith("[Sequential.0.weight: exp_avg]") for source in sources)
+    b = record(tmp_path / "b.trace", lambda: _adamw(1.1e-2))
+    status, result = compare(a, b, capsys)
+    assert status == 1
+    assert result["origin"]["source"].endswith("[parameter Sequential.2.bias]")
+    assert result["origin"]["module_path"] == ""

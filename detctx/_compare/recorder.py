@@ -40,6 +40,7 @@ from detctx._compare.collectives import (
     reads,
 )
 from detctx._compare.format import TraceWriter
+from detctx._compare.naming import TensorNames
 from detctx._compare.summaries import Summaries, spare_core
 from detctx._locate import (
     UNKNOWN,
@@ -104,6 +105,7 @@ class StatisticsRecorder:
     def __init__(self, writer: TraceWriter) -> None:
         self.writer = writer
         self.modules = ModuleTracker()
+        self.names = TensorNames(self.modules)
         self.count = 0
         self._mode: Any = None
         self._thread = 0
@@ -118,10 +120,12 @@ class StatisticsRecorder:
     def start(self) -> None:
         self.summaries = Summaries(self.writer, helper=spare_core)
         self.modules.start()
+        self.names.start()
         try:
             self._mode = dispatch_mode(self)
             self._mode.__enter__()
         except BaseException:
+            self.names.stop()
             self.modules.stop()
             self._mode = None
             self.summaries.close()
@@ -137,6 +141,7 @@ class StatisticsRecorder:
         try:
             mode.__exit__(None, None, None)
         finally:
+            self.names.stop()
             self.modules.stop()
             self._annotate()
             try:
@@ -152,6 +157,7 @@ class StatisticsRecorder:
         self._issued.clear()
         self.summaries.abandon()
         self.writer.abandon()
+        self.names.stop()
         self.modules.stop()
         if mode is not None and self._thread == threading.get_ident():
             mode.__exit__(None, None, None)
@@ -280,6 +286,11 @@ class StatisticsRecorder:
             module_path, source = forward if forward is not None else ("", UNKNOWN)
             return module_path, user_line_in_backward(4) or source, node.name()
         where = (self.modules.current(), user_line(4))
+        if not where[0]:
+            # An optimizer's update, outside every module: which parameter it writes.
+            named = self.names.name_of(outputs)
+            if named is not None:
+                where = ("", f"{where[1]} [{named}]")
         if torch.is_grad_enabled():
             self._pending = (outputs, where)
         return (*where, "")
