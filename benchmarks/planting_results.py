@@ -40,6 +40,7 @@ class Outcome:
     origin: dict[str, Any] | None
     seconds: float
     bits_part: bool = False  # the compare names it where the bits part (if it can)
+    reads_unrecorded: bool = False  # it reads data no recorded op made (a parameter, ...)
 
     @property
     def size(self) -> str:
@@ -87,13 +88,14 @@ def planting_table(outcomes: list[Outcome]) -> Table:
             [
                 family,
                 setting,
-                f"{len(made)} of {len(group)}",
+                f"{len(made)} of {len(group)} ({count(group, made=False, own_error=0.0)} "
+                f"changed nothing)",
                 share(count(clear, verdict="named"), len(clear)),
                 str(count(clear, verdict="agree") + count(clear, verdict="no origin")),
                 str(count(clear, verdict="elsewhere")),
                 str(count(clear, verdict="not compared")),
                 f"{count(marginal, verdict='named')} of {len(marginal)}",
-                str(len(below)),
+                f"{len(below)} ({count(below, reads_unrecorded=True)} read unrecorded data)",
                 str(count(below, verdict="named")),
                 str(count(below, bits_part=True)),
                 said or "-",
@@ -120,8 +122,9 @@ def planting_table(outcomes: list[Outcome]) -> Table:
             "Targets: clear plantings named exactly in 100% without noise and 95% with "
             "it, none 'agree' or 'no origin', not compared 0; sub-tolerance plantings whose "
             "inputs have A's bits named where the bits part. 'made': plantings whose run's "
-            "bits first part from the same run without it at the planted op (an output of "
-            "zeros, or one bfloat16 holds exactly, is not changed by a planting)."
+            "bits first part from the same run without it at the planted op; an output of "
+            "zeros, or one bfloat16 holds exactly, is not changed ('changed nothing'); any "
+            "other planting not made is a fault of the harness."
         ),
     )
 
@@ -136,7 +139,7 @@ def pair_table(pairs: list[Pair]) -> Table:
             sum(p.verdict == v for p in group)
             for v in ("bitwise", "agree", "no origin", "origin", "not compared")
         ]
-        largest = [p.largest for p in group if np.isfinite(p.largest)]
+        largest = [p.largest for p in group if not np.isnan(p.largest)]
         rows.append(
             [
                 family,

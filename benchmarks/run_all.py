@@ -39,6 +39,7 @@ SCENARIOS = {
     "locate_speed": "benchmarks.s10_locate_speed",
     "dcp": "benchmarks.dcp_resume",
     "compare_alignment": "benchmarks.s12_compare_alignment",
+    "plantings": "benchmarks.s14_plantings",
 }
 
 

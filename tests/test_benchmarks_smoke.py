@@ -114,3 +114,28 @@ def test_the_compare_alignment_scenario_times_each_pair_against_the_difflib_alig
         assert row["value"]["median"] > 0 and row["baseline"]["median"] > 0 and row["ratio"] > 0
         assert " paired" in row["note"], row
     assert "## align() alone (12 compare alignment)" in text
+
+
+@pytest.mark.slow
+def test_the_planting_harness_names_clear_plantings_without_noise_and_reports_every_pair(
+    tmp_path: Path,
+) -> None:
+    data, text = quick_run(tmp_path, ("plantings",))
+    scenario = data["scenarios"]["plantings"]
+    (row,) = scenario["rows"]
+    assert row["value"]["median"] > 0, row
+    assert "mode entered before the recording" in row["note"], row
+    tables = {table["title"]: table for table in scenario["tables"]}
+    named = tables["Plantings named (14 plantings)"]["rows"]
+    by_setting = {cells[1]: cells for cells in named}
+    assert set(by_setting) == {"same", "onednn_off"}
+    for cells in named:  # every planting changed the bits at its op, or changed nothing
+        made, rest = cells[2].split(" of ")
+        total, nothing = rest.split(" (")
+        assert int(made) + int(nothing.split()[0]) == int(total) > 0, cells
+    assert by_setting["same"][3].endswith("(100%)"), by_setting["same"]
+    assert by_setting["same"][4] == "0", by_setting["same"]  # none "agree" or "no origin"
+    pairs = tables["Noise-only pairs (14 plantings)"]["rows"]
+    assert sum(int(cells[2]) for cells in pairs) == 4
+    assert "## Plantings named (14 plantings)" in text
+    assert "## Noise-only pairs (14 plantings)" in text
