@@ -54,7 +54,6 @@ def _tokens(seed: int, rows: int, length: int, vocab: int) -> torch.Tensor:
 
 def _hf(seed: int, config: Any, model_class: Any) -> tuple[nn.Module, Any]:
     """A transformers causal LM of ``config`` (token ids 0..999, 4x32 tokens)."""
-    config.bos_token_id = config.eos_token_id = 0
     torch.manual_seed(seed)
     return model_class(config), _tokens(seed, 4, 32, 1000)
 
@@ -65,7 +64,14 @@ def _gpt2(seed: int) -> tuple[nn.Module, Any]:
     # activation "gelu" (nn.functional.gelu), so that a block can be switched to the tanh
     # form; GPT-2's own "gelu_new" is the tanh form written out in Python ops.
     config = GPT2Config(
-        n_layer=3, n_embd=128, n_head=4, vocab_size=1000, n_positions=64, activation_function="gelu"
+        n_layer=3,
+        n_embd=128,
+        n_head=4,
+        vocab_size=1000,
+        n_positions=64,
+        activation_function="gelu",
+        bos_token_id=0,
+        eos_token_id=0,
     )
     return _hf(seed, config, GPT2LMHeadModel)
 
@@ -103,6 +109,8 @@ def _llama(seed: int) -> tuple[nn.Module, Any]:
         num_attention_heads=4,
         num_key_value_heads=2,
         vocab_size=1000,
+        bos_token_id=0,
+        eos_token_id=0,
     )
     return _hf(seed, config, LlamaForCausalLM)
 
