@@ -282,6 +282,19 @@ def _keys(trace: Trace, table: dict[str, int]) -> np.ndarray:
     return keys
 
 
+def _shaped(trace: Trace, ops: np.ndarray, table: dict[str, int]) -> np.ndarray:
+    """Each op's name and its first output's shape as one number, shared through ``table``."""
+    if not len(trace.values):
+        return ops
+    lookup = np.array([table.setdefault(text, len(table)) for text in trace.strings], np.int64)
+    first = np.minimum(trace.first_value[:-1], len(trace.values) - 1)
+    shapes = np.where(
+        trace.ops["outputs"] > 0, lookup[trace.values["shape"][first].astype(np.int64)], -1
+    )
+    shaped: np.ndarray = ops * (1 << 31) + shapes
+    return shaped
+
+
 def _segments(keys: np.ndarray) -> np.ndarray:
     """Where each run of equal keys starts, with the end appended."""
     if not len(keys):
@@ -322,10 +335,15 @@ def align(a: Trace, b: Trace) -> Alignment:
     partner[spans_b[paired]] = spans_a[paired]
     names = list(table)
     partial = []
+    # Inside a segment whose ops differ (another kernel's ops), an op pairs only with one
+    # of its name and its first output's shape: the math kernel's backward adds ops of the
+    # same names, and by name alone a query's op paired with a key's (GQA: [4, 4, 32, 32]
+    # against [4, 2, 32, 32]), a shape difference no program made.
+    shaped_a, shaped_b = _shaped(a, ops_a, table), _shaped(b, ops_b, table)
     for pair in np.flatnonzero(~same):
         lo_a, hi_a = int(low_a[pair]), int(low_a[pair] + size_a[pair])
         lo_b, hi_b = int(low_b[pair]), int(low_b[pair] + size_b[pair])
-        inner_a, inner_b = match(ops_a[lo_a:hi_a], ops_b[lo_b:hi_b])
+        inner_a, inner_b = match(shaped_a[lo_a:hi_a], shaped_b[lo_b:hi_b])
         partner[lo_b + inner_b] = lo_a + inner_a
         key = int(keys_b[lo_b])
         partial.append(
