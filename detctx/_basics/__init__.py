@@ -26,6 +26,7 @@ from detctx._basics.errors import (
     TraceError,
     UndeclaredStreamError,
 )
+from detctx._basics.own_work import doing_own_work, own_work
 from detctx._basics.run_notes import NOTES_ENV, EntryNote, note_entry, read_entry_note
 from detctx._basics.scratch import (
     SCRATCH_LOCK,
@@ -84,6 +85,7 @@ __all__ = [
     "as_integer",
     "content_seed",
     "derive_seed",
+    "doing_own_work",
     "group_seed",
     "indexed_seed",
     "indexed_seeds",
@@ -95,6 +97,7 @@ __all__ = [
     "node_seed",
     "note_entry",
     "open_envelope",
+    "own_work",
     "parse_seed",
     "plain_digest",
     "process_cache",

@@ -37,7 +37,7 @@ from typing import Any, Final
 
 import torch
 
-from detctx._basics import SeedAgreementError
+from detctx._basics import SeedAgreementError, own_work
 from detctx.distributed._topology import collective_device
 
 __all__ = [
@@ -109,25 +109,26 @@ def gather_rows(
         raise error
     serial = _serials[key] = _serials.get(key, 0) + 1
     device = collective_device(str(dist.get_backend(group)))
-    mine = torch.tensor(list(row), dtype=torch.int64, device=device)
-    gathered = [torch.empty_like(mine) for _ in range(world_size)]
-    work = dist.all_gather(gathered, mine, group=group, async_op=True)
-    try:
-        work.wait(timeout=timedelta(seconds=timeout))
-    except RuntimeError as exc:
-        missing = _missing_ranks(f"detctx/arrival/{key}/{serial}", rank, world_size, timeout)
-        _timed_out[key] = _Timeout(resolved, what, missing)
-        error = SeedAgreementError(
-            f"rank {rank}: {what} did not complete within {timeout:g} s: "
-            f"{missing_text(missing)}. Every rank of the group must enter the same "
-            f"distributed_deterministic blocks (and verify_across_ranks calls) in the same "
-            f"order; a rank that skipped one, crashed or is stuck elsewhere keeps the others "
-            f"waiting. The process group is not usable after this; stop the job.",
-            missing=missing,
-        )
-        _timeout_errors.add(error)
-        raise error from exc
-    rows: list[list[int]] = torch.stack(gathered).cpu().tolist()
+    with own_work():  # not the program's: a recording skips it
+        mine = torch.tensor(list(row), dtype=torch.int64, device=device)
+        gathered = [torch.empty_like(mine) for _ in range(world_size)]
+        work = dist.all_gather(gathered, mine, group=group, async_op=True)
+        try:
+            work.wait(timeout=timedelta(seconds=timeout))
+        except RuntimeError as exc:
+            missing = _missing_ranks(f"detctx/arrival/{key}/{serial}", rank, world_size, timeout)
+            _timed_out[key] = _Timeout(resolved, what, missing)
+            error = SeedAgreementError(
+                f"rank {rank}: {what} did not complete within {timeout:g} s: "
+                f"{missing_text(missing)}. Every rank of the group must enter the same "
+                f"distributed_deterministic blocks (and verify_across_ranks calls) in the same "
+                f"order; a rank that skipped one, crashed or is stuck elsewhere keeps the others "
+                f"waiting. The process group is not usable after this; stop the job.",
+                missing=missing,
+            )
+            _timeout_errors.add(error)
+            raise error from exc
+        rows: list[list[int]] = torch.stack(gathered).cpu().tolist()
     return rows
 
 

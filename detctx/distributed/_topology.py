@@ -13,7 +13,7 @@ from typing import Any, Final
 
 import torch
 
-from detctx._basics import DeterminismWarning, warn_at_user
+from detctx._basics import DeterminismWarning, own_work, warn_at_user
 from detctx._sources import device_module
 
 __all__ = [
@@ -112,10 +112,11 @@ def all_gather_rows(row: Sequence[int], group: Any, world_size: int) -> list[lis
     """Every rank's ``row`` (one int64 tensor each), in group-rank order."""
     dist = torch.distributed
     device = collective_device(str(dist.get_backend(group)))
-    mine = torch.tensor(list(row), dtype=torch.int64, device=device)
-    gathered = [torch.empty_like(mine) for _ in range(world_size)]
-    dist.all_gather(gathered, mine, group=group)
-    rows: list[list[int]] = torch.stack(gathered).cpu().tolist()
+    with own_work():  # not the program's: a recording skips it
+        mine = torch.tensor(list(row), dtype=torch.int64, device=device)
+        gathered = [torch.empty_like(mine) for _ in range(world_size)]
+        dist.all_gather(gathered, mine, group=group)
+        rows: list[list[int]] = torch.stack(gathered).cpu().tolist()
     return rows
 
 
