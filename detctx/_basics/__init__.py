@@ -26,7 +26,6 @@ from detctx._basics.errors import (
     TraceError,
     UndeclaredStreamError,
 )
-from detctx._basics.own_work import doing_own_work, own_work
 from detctx._basics.run_notes import NOTES_ENV, EntryNote, note_entry, read_entry_note
 from detctx._basics.scratch import (
     SCRATCH_LOCK,
@@ -57,6 +56,7 @@ from detctx._basics.seeds import (
     validate_seed,
     worker_seed,
 )
+from detctx._basics.unrecorded import doing_own_work, own_work
 from detctx._basics.user_warnings import warn_at_user
 
 __all__ = [
