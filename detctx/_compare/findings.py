@@ -24,7 +24,28 @@ SHOWN_MODULES: Final = 5
 
 
 @dataclass(frozen=True)
-class OpError:
+class _AtOp:
+    """An op of B: where it ran, its estimated error and the tolerance it was held to."""
+
+    rank: int
+    index: int
+    op: str
+    module_path: str
+    source: str
+    backward: str | None
+    error: float
+    tolerance: float
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        for name, value in data.items():
+            if isinstance(value, float):
+                data[name] = _finite(value)
+        return data
+
+
+@dataclass(frozen=True)
+class OpError(_AtOp):
     """An op of B past tolerance.
 
     ``kind``: ``"origin"`` (its inputs do not explain its error) or ``"inherited"``;
@@ -36,14 +57,6 @@ class OpError:
     reads its value.
     """
 
-    rank: int
-    index: int
-    op: str
-    module_path: str
-    source: str
-    backward: str | None
-    error: float
-    tolerance: float
     input_error: float
     kind: Literal["origin", "inherited"]
     compared_at_outputs: bool
@@ -51,9 +64,7 @@ class OpError:
     difference: str | None
 
     def as_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        for name in ("error", "tolerance", "input_error"):
-            data[name] = _finite(data[name])
+        data = super().as_dict()
         data["dtypes"] = list(self.dtypes) if self.dtypes else None
         return data
 
@@ -82,26 +93,12 @@ class UnpairedOps:
 
 
 @dataclass(frozen=True)
-class BitsPart:
+class BitsPart(_AtOp):
     """An op of B whose inputs are the same bits as in A and whose outputs are not: the op
     itself computed something else, whatever the size (``error`` within ``tolerance`` or
     not). ``random``: it draws random numbers (its generator draws differently)."""
 
-    rank: int
-    index: int
-    op: str
-    module_path: str
-    source: str
-    backward: str | None
-    error: float
-    tolerance: float
     random: bool
-
-    def as_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        for name in ("error", "tolerance"):
-            data[name] = _finite(data[name])
-        return data
 
 
 def bits_parts(rank: RankComparison) -> list[BitsPart]:
