@@ -485,6 +485,21 @@ def _adamw(bias_lr: float) -> None:
         optimiser.step()
 
 
+def _step_pre_hooks_run() -> bool:
+    """Whether torch's global optimizer step pre-hooks run in this process: in torch 2.1,
+    once anything was compiled, TorchDynamo replaces ``Optimizer.step`` and they no longer
+    do (another test of this process may have compiled), so state tensors go unnamed."""
+    from torch.optim import optimizer
+
+    ran: list[bool] = []
+    handle = optimizer.register_optimizer_step_pre_hook(lambda *_: ran.append(True))
+    try:
+        torch.optim.AdamW([torch.zeros(1, requires_grad=True)]).step()
+    finally:
+        handle.remove()
+    return bool(ran)
+
+
 def test_an_optimizer_op_is_named_by_the_parameter_it_updates(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -492,7 +507,8 @@ def test_an_optimizer_op_is_named_by_the_parameter_it_updates(
     trace = read_trace(a)
     sources = {trace.text(number) for number in trace.ops["source"].tolist()}
     assert any(source.endswith("[parameter Sequential.2.bias]") for source in sources)
-    assert any(source.endswith("[Sequential.0.weight: exp_avg]") for source in sources)
+    if _step_pre_hooks_run():
+        assert any(source.endswith("[Sequential.0.weight: exp_avg]") for source in sources)
     b = record(tmp_path / "b.trace", lambda: _adamw(1.1e-2))
     status, result = compare(a, b, capsys)
     assert status == 1
