@@ -114,7 +114,7 @@ class RankComparison:
     bitwise: bool
     retyped: dict[int, tuple[str, str]]  # op of B -> (dtype in A, in B) of an output compared
     differences: dict[int, str]  # op of B -> what differs besides values (shape, outputs, ...)
-    unaccounted_a: np.ndarray  # bool per op of A: no partner, and no compared value reads it
+    unaccounted_a: np.ndarray  # bool per op of A: no partner, and no paired op reads it
     unaccounted_b: np.ndarray  # bool per op of B: likewise
     parted: np.ndarray  # bool per op of B: inputs the same bits as in A, outputs not
 

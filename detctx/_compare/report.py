@@ -55,7 +55,7 @@ class TraceComparison:
     past tolerance); ``past_tolerance``: every op past tolerance, each ``kind``
     ``"origin"`` or ``"inherited"`` (``difference`` says what differs besides values:
     shape, number of outputs); ``unpaired``: runs of ops one trace has and the other has
-    not, that no compared value reads (``trace`` ``"A"`` or ``"B"``, ``first``..``last``
+    not, that no paired op reads (``trace`` ``"A"`` or ``"B"``, ``first``..``last``
     their indices, ``at_end`` after the other trace's last paired op);
     ``not_completed``: ``"A"``/``"B"`` -> how a run that did not run to its end ended;
     ``ranks_only``: ``"A"``/``"B"`` -> ranks the other run lacks; ``bits_part``: every op
@@ -122,7 +122,11 @@ class TraceComparison:
             lines.append(
                 f"  modules whose own ops run in {side} only: "
                 + ", ".join(modules[:SHOWN_MODULES])
-                + (f" and {len(modules) - SHOWN_MODULES} more" if len(modules) > 5 else "")
+                + (
+                    f" and {len(modules) - SHOWN_MODULES} more"
+                    if len(modules) > SHOWN_MODULES
+                    else ""
+                )
             )
         if self.environment_differences:
             lines.append("environment differences (A -> B):")
@@ -161,8 +165,7 @@ class TraceComparison:
         return [line]
 
     def _reasons(self) -> str:
-        reasons = []
-        reasons += [f"{side}'s run did not run to its end" for side in self.not_completed]
+        reasons = [f"{side}'s run did not run to its end" for side in self.not_completed]
         if self.ranks_only:
             reasons.append("the runs hold other ranks")
         if self.unpaired:
@@ -183,7 +186,7 @@ class TraceComparison:
                 f"at the end of {entry.trace} (the other run stops before them: fewer "
                 "steps, or cut short)"
                 if entry.at_end
-                else "that no compared value reads"
+                else "that no paired op reads"
             )
             lines.append(
                 f"only in {entry.trace}: rank {entry.rank} ops {entry.first}.."
