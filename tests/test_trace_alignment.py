@@ -296,3 +296,14 @@ def test_a_way_back_in_step_through_short_runs_beats_a_jump_to_a_long_one() -> N
     assert pairs_a.tolist() == list(range(len(a)))
     extra = {39 + 4, 39 + 5, 39 + 13, 39 + 14, 39 + 15}
     assert pairs_b.tolist() == [j for j in range(len(b)) if j not in extra]
+
+
+def test_keys_past_31_bits_and_negative_ones_pair_with_no_table_sized_by_the_largest() -> None:
+    # Names and shapes joined into one key reach 2**31 * names; a search far enough to hash
+    # runs of keys once asked for a table that size (80 GiB for 5 names: MemoryError).
+    big = [(name << 40) + shape for name in range(1, 6) for shape in (-1, 0, 7)]
+    a = big * 40
+    b = a[:200] + [(99 << 40) + 3] * (3 * EDITS) + a[200:]
+    pairs_a, pairs_b = match(np.array(a, np.int64), np.array(b, np.int64))
+    assert pairs_a.tolist() == list(range(len(a)))
+    assert pairs_b.tolist() == list(range(200)) + list(range(200 + 3 * EDITS, len(b)))

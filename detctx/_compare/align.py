@@ -164,15 +164,14 @@ class Matcher:
     def hashes(self) -> tuple[np.ndarray, np.ndarray]:
         """A 64-bit hash of every run of :data:`RUN` keys starting in A and in B."""
         if self._hashes is None:
-            keys = int(max(self.a.max(initial=0), self.b.max(initial=0))) + 1
-            table = np.random.default_rng(0x5EED).integers(1, 2**63, size=keys, dtype=np.uint64)
             hashed = []
             for codes in (self.a, self.b):
                 count = max(len(codes) - RUN + 1, 0)
+                mixed = _mix(codes)
                 total = np.zeros(count, dtype=np.uint64)
                 for offset in range(RUN if count else 0):
                     # Wraps modulo 2**64 on purpose; every hit is checked key by key.
-                    total = total * np.uint64(1_000_003) + table[codes[offset : offset + count]]
+                    total = total * np.uint64(1_000_003) + mixed[offset : offset + count]
                 hashed.append(total)
             self._hashes = (hashed[0], hashed[1])
         return self._hashes
@@ -257,6 +256,16 @@ class Matcher:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
         starts_a, starts_b, sizes = (np.array(column, np.int64) for column in zip(*self.runs))
         return _spans(starts_a, sizes), _spans(starts_b, sizes)
+
+
+def _mix(codes: np.ndarray) -> np.ndarray:
+    """Each key scrambled into 64 bits (splitmix64's finaliser): any int64 key, however
+    large or negative (a name and shape joined are past 2**31), with no table sized by it."""
+    mixed = codes.astype(np.int64).view(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+    mixed = (mixed ^ (mixed >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    mixed = (mixed ^ (mixed >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    result: np.ndarray = mixed ^ (mixed >> np.uint64(31))
+    return result
 
 
 def match(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
