@@ -40,6 +40,7 @@ SCENARIOS = {
     "dcp": "benchmarks.dcp_resume",
     "compare_alignment": "benchmarks.s12_compare_alignment",
     "plantings": "benchmarks.s14_plantings",
+    "record_cost": "benchmarks.s15_record_cost",
 }
 
 

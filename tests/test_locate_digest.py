@@ -328,3 +328,41 @@ def test_the_whole_rows_shortcut_gives_the_digest_or_declines(dtype: torch.dtype
     )
     values = torch.randn(ROW_BYTES, dtype=torch.complex64, generator=generator)
     assert whole_rows_digest(values.conj()) is None
+
+
+@pytest.mark.skipif(not hasattr(torch, "_int_mm"), reason="torch before 2.2: no torch._int_mm")
+@pytest.mark.parametrize("rows", [1, 3, 64, 65, 130])
+def test_the_float32_products_give_the_int8_product_exactly_at_the_extremes(rows: int) -> None:
+    # Where the CPU has no int8 dot products, the reduce step multiplies in float32,
+    # 1024 bytes a product: every partial sum must stay an integer float32 holds.
+    from detctx._locate import digest as module
+    from detctx._locate.keys import PUBLIC_KEY
+
+    weights = PUBLIC_KEY.weights(0, torch.device("cpu"))
+    generator = torch.Generator().manual_seed(rows)
+    extremes = [
+        torch.randint(-128, 128, (rows, ROW_BYTES), dtype=torch.int8, generator=generator),
+        torch.full((rows, ROW_BYTES), -128, dtype=torch.int8),
+        torch.full((rows, ROW_BYTES), 127, dtype=torch.int8),
+        # Each byte at the extreme of the sign of its weight in column 0: the largest sum.
+        torch.where(weights[:, 0] > 0, 127, -128).to(torch.int8).repeat(rows, 1),
+    ]
+    for data in extremes:
+        assert torch.equal(module._float_product(data, weights), torch._int_mm(data, weights))
+
+
+@pytest.mark.parametrize("floats", [True, False])
+def test_a_large_tensor_has_one_digest_whichever_product_this_cpu_takes(
+    floats: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from detctx._locate import digest as module
+
+    tensor = torch.randn(3, ROW_BYTES + 5, generator=torch.Generator().manual_seed(7))
+    chosen = digest(tensor)
+    monkeypatch.setattr(module, "_method", [floats])
+    if not floats and not hasattr(torch, "_int_mm"):
+        pytest.skip("torch before 2.2: no torch._int_mm")
+    assert digest(tensor) == chosen
+    assert whole_rows_digest(tensor[:, :ROW_BYTES].contiguous()) == digest(
+        tensor[:, :ROW_BYTES].contiguous()
+    )

@@ -1,0 +1,241 @@
+"""Scenario 15: what ``detctx.recording`` costs a training step, per model.
+
+Each model is built from a config at a small size (the planting harness's four
+families: HF GPT-2 and Llama, a ResNet-style CNN with BatchNorm, an LSTM
+language model; and the nanoGPT step ``locate`` is measured on, at its three
+sizes), one torch thread. A round runs ``--steps`` training steps (forward,
+backward, AdamW) unrecorded, the same steps under a dispatch mode that only
+forwards each op (the floor any op-by-op recording pays in torch), and the
+same steps recorded into a trace (opening, header and closing included), in a
+rotating order; the rows are the medians over the rounds. The note says how
+many ops a step records and what each costs beyond the plain step.
+
+Targets (issue 46): at most 2x on GPT-2, Llama, the LSTM and the CNN, at
+most 1.5x on nanoGPT small.
+
+``--profile MODEL`` prints where a recorded step's time goes instead (cProfile,
+the 25 functions of most own time, the summaries included when no helper
+thread runs).
+
+    python -m benchmarks.s15_record_cost [--quick] [--models gpt2,llama] [--steps 3]
+    python -m benchmarks.s15_record_cost --profile gpt2
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch
+
+from benchmarks.harness import Result, Row, Settings, Table, Target, format_seconds, interleaved
+
+SCENARIO = "15 record cost"
+MODELS = ("gpt2", "llama", "lstm", "cnn", "nanogpt-tiny", "nanogpt-small", "nanogpt-shakespeare")
+LIMITS = {"gpt2": 2.0, "llama": 2.0, "lstm": 2.0, "cnn": 2.0, "nanogpt-small": 1.5}
+QUICK_MODELS = ("gpt2", "lstm", "nanogpt-tiny")
+
+
+def build(name: str) -> tuple[Callable[[], None], str]:
+    """A model's training step (seeded, built once) and its description."""
+    if name.startswith("nanogpt-"):
+        from benchmarks.gpt_step import GPT, SIZES, VOCAB
+
+        size = SIZES[name.removeprefix("nanogpt-")]
+        torch.manual_seed(0)
+        gpt = GPT(size)
+        idx = torch.randint(0, VOCAB, (size.batch, size.context))
+        targets = torch.randint(0, VOCAB, (size.batch, size.context))
+        optimiser = torch.optim.AdamW(gpt.parameters(), lr=1e-3)
+
+        def gpt_step() -> None:
+            optimiser.zero_grad(set_to_none=True)
+            gpt(idx, targets).backward()
+            optimiser.step()
+
+        described = (
+            f"nanoGPT {name.removeprefix('nanogpt-')} ({size.layers} layers, width "
+            f"{size.width}, {size.batch}x{size.context} tokens)"
+        )
+        return gpt_step, described
+    from benchmarks.planting_models import FAMILIES
+
+    family = FAMILIES[name]
+    model, batch = family.build(0)
+    model.train()
+    adamw = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def step() -> None:
+        adamw.zero_grad(set_to_none=True)
+        family.loss(model, batch).backward()
+        adamw.step()
+
+    return step, family.description
+
+
+class _Forward:
+    """A recorder that records nothing: each op is only forwarded."""
+
+    def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def forwarding() -> Iterator[None]:
+    from detctx._locate import dispatch_mode
+
+    mode = dispatch_mode(_Forward())
+    with mode:
+        yield
+
+
+def contenders(step: Callable[[], None], steps: int, folder: Path) -> dict[str, Any]:
+    import detctx
+
+    trace = folder / "step.trace"
+
+    def plain() -> None:
+        for _ in range(steps):
+            step()
+
+    def forwarded() -> None:
+        with forwarding():
+            plain()
+
+    def recorded() -> None:
+        with detctx.recording(trace):
+            plain()
+        trace.unlink()
+
+    return {"plain": plain, "forwarding": forwarded, "recorded": recorded}
+
+
+def ops_per_step(step: Callable[[], None], folder: Path) -> int:
+    import detctx
+    from detctx._compare.reading import read_trace
+
+    trace = folder / "count.trace"
+    with detctx.recording(trace):
+        step()
+    count = len(read_trace(trace))
+    trace.unlink()
+    return count
+
+
+def run(
+    settings: Settings, models: tuple[str, ...] | None = None, steps: int | None = None
+) -> Result:
+    torch.set_num_threads(1)
+    chosen = models or (QUICK_MODELS if settings.quick else MODELS)
+    steps = steps or (1 if settings.quick else 3)
+    repeat = 3 if settings.quick else 9
+    rows: list[Row] = []
+    lines: list[list[str]] = []
+    with tempfile.TemporaryDirectory(prefix="detctx-s15-") as name:
+        folder = Path(name)
+        for model in chosen:
+            step, described = build(model)
+            step()  # warm up: AdamW's state, allocator
+            count = ops_per_step(step, folder)
+            stats = interleaved(contenders(step, steps, folder), repeat)
+            plain, recorded = stats["plain"], stats["recorded"]
+            per_op = (recorded.median - plain.median) / max(count * steps, 1)
+            limit = LIMITS.get(model)
+            rows.append(
+                Row(
+                    SCENARIO,
+                    f"{described}, {steps} step(s) recorded",
+                    recorded,
+                    "the same steps, unrecorded",
+                    plain,
+                    Target("ratio", limit) if limit else None,
+                    note=(
+                        f"{count} ops a step; {per_op * 1e6:.0f} us an op beyond the plain "
+                        f"step; a mode that only forwards: "
+                        f"{stats['forwarding'].median / plain.median:.2f}x"
+                    ),
+                )
+            )
+            lines.append(
+                [
+                    model,
+                    str(count),
+                    f"{plain.median * 1e3 / steps:.1f} ms",
+                    f"{stats['forwarding'].median / plain.median:.2f}x",
+                    f"{recorded.median / plain.median:.2f}x",
+                    f"{per_op * 1e6:.0f} us",
+                ]
+            )
+    table = Table(
+        "Recording cost per model",
+        ["model", "ops a step", "plain step", "forwarding only", "recorded", "per op"],
+        lines,
+        note=f"{steps} step(s) a round, {repeat} rounds, medians; one torch thread",
+    )
+    return Result(rows, [table])
+
+
+def profile(model: str, top: int = 25) -> None:
+    import cProfile
+    import pstats
+
+    import detctx
+
+    torch.set_num_threads(1)
+    step, described = build(model)
+    step()
+    with tempfile.TemporaryDirectory(prefix="detctx-s15-") as name:
+        trace = Path(name) / "profile.trace"
+        with detctx.recording(trace):
+            step()  # the first recording made its constants
+        trace.unlink()
+        profiler = cProfile.Profile()
+        profiler.enable()
+        with detctx.recording(trace):
+            step()
+        profiler.disable()
+    print(f"# {described}: one recorded step, by own time")
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(top)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--models", help=f"comma-separated, of {', '.join(MODELS)}")
+    parser.add_argument("--steps", type=int, help="training steps a round (default 3)")
+    parser.add_argument("--profile", metavar="MODEL", help="profile one recorded step")
+    args = parser.parse_args(argv)
+    if args.profile:
+        if args.profile not in MODELS:
+            parser.error(f"--profile takes one of {', '.join(MODELS)}")
+        profile(args.profile)
+        return 0
+    models = tuple(args.models.split(",")) if args.models else None
+    unknown = sorted(set(models or ()) - set(MODELS))
+    if unknown:
+        parser.error(f"unknown models {', '.join(unknown)}; choose from {', '.join(MODELS)}")
+    if args.steps is not None and args.steps < 1:
+        parser.error("--steps must be at least 1")
+    result = run(Settings.make(args.quick), models, args.steps)
+    for row in result.rows:
+        value = format_seconds(row.value.median) if row.value else "-"
+        ratio = f"{row.ratio:.2f}x" if row.ratio is not None else "-"
+        print(f"{row.subject}: {value} ({ratio}) [{row.status or '-'}]; {row.note}")
+    for table in result.tables:
+        print(f"{table.title} ({table.note})")
+        print("  " + " | ".join(table.columns))
+        for cells in table.rows:
+            print("  " + " | ".join(cells))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
