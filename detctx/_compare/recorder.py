@@ -20,10 +20,6 @@ memory: the data flow. A view reads the memory its base was written to; a copy
 from __future__ import annotations
 
 import itertools
-import os
-import threading
-import weakref
-from collections.abc import Callable
 from typing import Any, Final
 
 import torch
@@ -43,16 +39,7 @@ from detctx._compare.collectives import (
 from detctx._compare.format import TraceWriter
 from detctx._compare.naming import TensorNames
 from detctx._compare.summaries import Summaries, spare_core
-from detctx._locate import (
-    UNKNOWN,
-    ModuleTracker,
-    dispatch_mode,
-    keep_for_backward,
-    new_values,
-    op_info,
-    user_line,
-    user_line_in_backward,
-)
+from detctx._locate import Recorder, new_values, op_info
 
 __all__ = ["StatisticsRecorder"]
 
@@ -61,25 +48,6 @@ _PASSED_ON: Final = frozenset({"aten::clone", "aten::select_backward", "aten::sl
 """Skipped ops whose output holds their first input's bits: its producer is passed on."""
 _VIEWS: set[Any] = set()
 """Skipped ops whose every output aliases an input (views): their memory keeps its producer."""
-
-
-_recording: weakref.WeakSet[StatisticsRecorder] = weakref.WeakSet()
-
-
-def _before_fork() -> None:
-    # The helper finishes its queue, so the child inherits no thread mid torch call.
-    for recorder in list(_recording):
-        recorder.summaries.drain()
-
-
-def _after_fork_in_child() -> None:
-    # A forked child (a DataLoader worker) must not write into its parent's trace.
-    for recorder in list(_recording):
-        recorder.abandon()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 
 
 Inputs = list[tuple[int, int]]
@@ -100,75 +68,47 @@ def _key(tensor: torch.Tensor) -> int | None:
     return pointer or None
 
 
-class StatisticsRecorder:
+class StatisticsRecorder(Recorder):
     """Records ops into ``writer`` between :meth:`start` and :meth:`stop`."""
 
+    KEY = _KEY
+
     def __init__(self, writer: TraceWriter) -> None:
+        super().__init__()
         self.writer = writer
-        self.modules = ModuleTracker()
         self.names = TensorNames(self.modules)
         self.count = 0
-        self._mode: Any = None
-        self._thread = 0
-        self._pending: tuple[list[torch.Tensor], tuple[str, str]] | None = None
         self._producers: dict[int, tuple[int, int]] = {}
         self._issued: dict[int, list[Issued]] = {}  # output memory -> collectives not recorded
         self.summaries = Summaries(writer, helper=lambda: False)
-        self._current_node: Callable[[], Any] | None = getattr(
-            torch._C, "_current_autograd_node", None
-        )
 
     def start(self) -> None:
         self.summaries = Summaries(self.writer, helper=spare_core)
-        self.modules.start()
         self.names.start()
-        try:
-            self._mode = dispatch_mode(self)
-            self._mode.__enter__()
-        except BaseException:
-            self.names.stop()
-            self.modules.stop()
-            self._mode = None
-            self.summaries.close()
-            raise
-        self._thread = threading.get_ident()
-        _recording.add(self)
+        super().start()
 
-    def stop(self) -> None:
-        mode, self._mode = self._mode, None
-        if mode is None:
-            return
-        _recording.discard(self)
+    def before_fork(self) -> None:
+        # The helper finishes its queue, so the child inherits no thread mid torch call.
+        self.summaries.drain()
+
+    def _close(self) -> None:
+        self.names.stop()
         try:
-            mode.__exit__(None, None, None)
+            self._complete(_every(self._issued))
         finally:
-            self.names.stop()
-            self.modules.stop()
-            self._annotate()
-            try:
-                self._complete(_every(self._issued))
-            finally:
-                self._producers.clear()
-                self.summaries.close()  # every row written before the writer closes
+            self._producers.clear()
+            self.summaries.close()  # every row written before the writer closes
 
-    def abandon(self) -> None:
-        """Stop in a forked child: nothing more is written."""
-        mode, self._mode = self._mode, None
-        _recording.discard(self)
+    def _forget(self) -> None:
         self._issued.clear()
         self.summaries.abandon()
         self.writer.abandon()
         self.names.stop()
-        self.modules.stop()
-        if mode is not None and self._thread == threading.get_ident():
-            mode.__exit__(None, None, None)
 
-    def _annotate(self) -> None:
-        pending, self._pending = self._pending, None
-        if pending is None:
-            return
-        outputs, where = pending
-        keep_for_backward(outputs, _KEY, where)
+    def outside_modules(self, outputs: list[torch.Tensor], source: str) -> str:
+        # An optimizer's update, outside every module: which parameter it writes.
+        named = self.names.name_of(outputs)
+        return source if named is None else f"{source} [{named}]"
 
     def _producer(self, tensor: torch.Tensor) -> tuple[int, int]:
         key = _key(tensor)
@@ -180,7 +120,7 @@ class StatisticsRecorder:
             return func(*args, **kwargs)
         info = op_info(func)
         if self._pending is not None:
-            self._annotate()
+            self.annotate()
         if info.skip and func in _VIEWS:
             return info.call(*args, **kwargs)  # a view reads and writes nothing
         read = plain_tensors((*args, *kwargs.values()))
@@ -198,7 +138,7 @@ class StatisticsRecorder:
         outputs = new_values(info, args, kwargs, result)
         if not outputs:
             return result
-        where = self._where(outputs)
+        where = self.where(outputs)
         if any(type(t) is not torch.Tensor for t in outputs):
             noted = placements(outputs)  # DTensors: each rank's shard, its placements noted
             where = (where[0], f"{where[1]} [{noted}]" if noted else where[1], where[2])
@@ -239,7 +179,7 @@ class StatisticsRecorder:
                     self._producers.pop(key, None)
             return result
         inputs, outputs, wait, group = issued
-        module, source, node = self._where(outputs)
+        module, source, node = self.where(outputs)
         keys = [_key(tensor) for tensor in outputs]
         waiting = Issued(
             (info.name, module, f"{source} [{group}]", node),
@@ -279,24 +219,6 @@ class StatisticsRecorder:
             if any(_key(tensor) != key for tensor, key in zip(waiting.outputs, waiting.keys)):
                 continue  # its memory was freed or replaced (resize_): nothing left to read
             self._record(waiting.strings, waiting.outputs, waiting.inputs)
-
-    def _where(self, outputs: list[torch.Tensor]) -> tuple[str, str, str]:
-        """Module path, source line and autograd node (``""`` in the forward pass)."""
-        node = self._current_node() if self._current_node is not None else None
-        if node is not None:
-            metadata = getattr(node, "metadata", None)
-            forward = metadata.get(_KEY) if isinstance(metadata, dict) else None
-            module_path, source = forward if forward is not None else ("", UNKNOWN)
-            return module_path, user_line_in_backward(4) or source, node.name()
-        where = (self.modules.current(), user_line(4))
-        if not where[0]:
-            # An optimizer's update, outside every module: which parameter it writes.
-            named = self.names.name_of(outputs)
-            if named is not None:
-                where = ("", f"{where[1]} [{named}]")
-        if torch.is_grad_enabled():
-            self._pending = (outputs, where)
-        return (*where, "")
 
     def _pass_on(
         self, func: Any, name: str, read: list[torch.Tensor], made: list[torch.Tensor]

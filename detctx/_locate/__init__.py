@@ -20,7 +20,7 @@ from detctx._locate.keys import PUBLIC_KEY
 from detctx._locate.modules import ModuleTracker
 from detctx._locate.ops import op_info
 from detctx._locate.outputs import combine_digests, new_values, tensors
-from detctx._locate.recorder import dispatch_mode
+from detctx._locate.recorder import Recorder, dispatch_mode
 from detctx._locate.search import locate_divergence
 from detctx._locate.staging import Staging
 
@@ -35,6 +35,7 @@ __all__ = [
     "UNKNOWN",
     "Divergence",
     "ModuleTracker",
+    "Recorder",
     "Staging",
     "combine_digests",
     "compare_traces",

@@ -40,13 +40,13 @@ import os
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any, Final, Protocol
+from typing import Any, ClassVar, Final, Protocol
 
 import numpy as np
 import torch
 
 from detctx._basics import MissingDependencyError
-from detctx._locate.batch import ROW, Batch, meta_number, site, site_number
+from detctx._locate.batch import ROW, Batch, meta_number, site_number
 from detctx._locate.callsite import UNKNOWN, keep_for_backward, user_line, user_line_in_backward
 from detctx._locate.digest import STAGED
 from detctx._locate.eager import compile_eagerly
@@ -61,7 +61,7 @@ from detctx._locate.outputs import (
 )
 from detctx._locate.staging import Staging, borrow, give_back
 
-__all__ = ["OpRecorder", "Sink", "dispatch_mode", "dispatch_mode_class"]
+__all__ = ["OpRecorder", "Recorder", "Sink", "dispatch_mode", "dispatch_mode_class"]
 
 _KEY: Final = "detctx._locate"
 _WORD: Final = (1 << 64) - 1
@@ -146,7 +146,12 @@ class _Discard:
         return None
 
 
-_recording: weakref.WeakSet[OpRecorder] = weakref.WeakSet()
+_recording: weakref.WeakSet[Recorder] = weakref.WeakSet()
+
+
+def _before_fork() -> None:
+    for recorder in list(_recording):
+        recorder.before_fork()
 
 
 def _after_fork_in_child() -> None:
@@ -159,11 +164,117 @@ def _after_fork_in_child() -> None:
 
 
 if hasattr(os, "register_at_fork"):  # not on Windows
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 
 
-class OpRecorder:
-    """Records ops into ``sink`` between :meth:`start` and :meth:`stop`, in this thread.
+class Recorder:
+    """The one op recorder: ``locate_divergence``, ``detctx run --locate``,
+    ``detctx.recording`` and ``detctx record`` all record through it.
+
+    Between :meth:`start` and :meth:`stop` a dispatch mode hands every op to
+    :meth:`dispatch`, which a subclass writes: what it keeps of each op (digests
+    only, or digests, statistics and the data flow). This class owns what they
+    share: the mode, the module tracker, where an op ran (:meth:`where`: module
+    path, source line, and for a backward op its forward op's place, kept in the
+    autograd node's ``metadata`` under :attr:`KEY`), and the fork story (before a
+    fork :meth:`before_fork`; in a forked child :meth:`abandon`, nothing more
+    written). Subclasses fill in :meth:`_close` (after the mode is left, also
+    when it could not be entered) and :meth:`_forget` (in a forked child).
+    """
+
+    KEY: ClassVar[str] = _KEY
+
+    def __init__(self) -> None:
+        self.modules = ModuleTracker()
+        self._mode: Any = None
+        self.thread = 0
+        self._pending: tuple[list[torch.Tensor], tuple[str, str]] | None = None
+        self._current_node: Callable[[], Any] | None = getattr(
+            torch._C, "_current_autograd_node", None
+        )
+
+    def start(self) -> None:
+        self.modules.start()
+        try:
+            self._mode = dispatch_mode(self)
+            self._mode.__enter__()
+        except BaseException:
+            self._mode = None
+            self.modules.stop()
+            self._close()
+            raise
+        self.thread = threading.get_ident()
+        _recording.add(self)
+
+    def stop(self) -> None:
+        mode, self._mode = self._mode, None
+        if mode is None:
+            return
+        _recording.discard(self)
+        try:
+            mode.__exit__(None, None, None)
+        finally:
+            self.modules.stop()
+            self.annotate()
+            self._close()
+
+    def abandon(self) -> None:
+        """Stop in a forked child: nothing more is kept or written.
+
+        The mode sits on the stack of the thread that started it, so only a child
+        forked from that thread pops it; in any other, that thread does not exist.
+        """
+        mode, self._mode = self._mode, None
+        _recording.discard(self)
+        self._pending = None
+        self._forget()
+        self.modules.stop()
+        if mode is not None and self.thread == threading.get_ident():
+            mode.__exit__(None, None, None)
+
+    def before_fork(self) -> None:
+        """Called before this process forks while recording."""
+
+    def _close(self) -> None:
+        """After the mode is left: hand over or write what is left."""
+
+    def _forget(self) -> None:
+        """In a forked child: drop what is kept, write nothing."""
+
+    def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        raise NotImplementedError
+
+    def annotate(self) -> None:
+        """Keep the place of the last forward op in the autograd nodes of its outputs (made
+        once the op has returned, so it is done at the next op)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            keep_for_backward(pending[0], self.KEY, pending[1])
+
+    def where(self, outputs: list[torch.Tensor]) -> tuple[str, str, str]:
+        """Module path, source line and autograd node (``""`` in the forward pass) of the op
+        :meth:`dispatch` is handling, which made ``outputs``."""
+        node = self._current_node() if self._current_node is not None else None
+        if node is not None:
+            metadata = getattr(node, "metadata", None)
+            forward = metadata.get(self.KEY) if isinstance(metadata, dict) else None
+            module_path, source = forward if forward is not None else ("", UNKNOWN)
+            return module_path, user_line_in_backward(4) or source, node.name()
+        module_path, source = self.modules.current(), user_line(4)
+        if not module_path:
+            source = self.outside_modules(outputs, source)
+        if torch.is_grad_enabled():
+            self._pending = (outputs, (module_path, source))
+        return module_path, source, ""
+
+    def outside_modules(self, outputs: list[torch.Tensor], source: str) -> str:
+        """The source text of an op that ran outside every module (an optimizer's update)."""
+        return source
+
+
+class OpRecorder(Recorder):
+    """Records ops into ``sink`` between :meth:`start` and :meth:`stop`, in this thread:
+    each op's place and a digest of its outputs (locate's rows).
 
     >>> recorder = OpRecorder(sink)   # doctest: +SKIP
     >>> recorder.start(); model(x).sum().backward(); recorder.stop()  # doctest: +SKIP
@@ -172,15 +283,9 @@ class OpRecorder:
     """
 
     def __init__(self, sink: Sink) -> None:
+        super().__init__()
         self.sink = sink
         self.wants: Callable[[int, tuple[int, ...]], bool] | None = getattr(sink, "wants", None)
-        self.modules = ModuleTracker()
-        self._mode: Any = None
-        self.thread = 0
-        self._pending: tuple[list[torch.Tensor], int] | None = None
-        self._current_node: Callable[[], Any] | None = getattr(
-            torch._C, "_current_autograd_node", None
-        )
         self._staging: Staging | None = None
         self.count = 0  # ops handed to the sink
         # The rows not handed over yet, a column each.
@@ -196,60 +301,25 @@ class OpRecorder:
     def start(self) -> None:
         if self._staging is None:
             self._staging = borrow()
-        self.modules.start()
-        try:
-            self._mode = dispatch_mode(self)
-            self._mode.__enter__()
-        except BaseException:
-            self.modules.stop()
-            self._mode = None
-            raise
-        self.thread = threading.get_ident()
-        _recording.add(self)
+        super().start()
 
-    def stop(self) -> None:
-        if self._mode is None:
-            return
-        mode, self._mode = self._mode, None
-        _recording.discard(self)
+    def _close(self) -> None:
         try:
-            mode.__exit__(None, None, None)
+            self.flush()
         finally:
-            self.modules.stop()
-            self._annotate()
-            try:
-                self.flush()
-            finally:
-                if self._staging is not None:
-                    give_back(self._staging)
-                    self._staging = None
+            if self._staging is not None:
+                give_back(self._staging)
+                self._staging = None
 
-    def abandon(self) -> None:
-        """Stop in a forked child: nothing digested, nothing handed over, no buffer pooled.
-
-        The mode sits on the stack of the thread that started it, so only a child
-        forked from that thread pops it; in any other, that thread does not exist.
-        """
-        mode, self._mode = self._mode, None
-        _recording.discard(self)
+    def _forget(self) -> None:
         self.sink, self.wants = _Discard(), None
-        self._pending, self._staging = None, None
+        self._staging = None
         self._forget_rows()
-        self.modules.stop()
-        if mode is not None and self.thread == threading.get_ident():
-            mode.__exit__(None, None, None)
-
-    def _annotate(self) -> None:
-        pending, self._pending = self._pending, None
-        if pending is None:
-            return
-        outputs, where = pending
-        keep_for_backward(outputs, _KEY, where)
 
     def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         info = op_info(func)
         if self._pending is not None:
-            self._annotate()
+            self.annotate()
         if info.skip:
             return info.call(*args, **kwargs)
         rng = generator_state(func, args, kwargs) if info.random else None
@@ -257,16 +327,7 @@ class OpRecorder:
         outputs = new_values(info, args, kwargs, result)
         if not outputs:
             return result
-        node = self._current_node() if self._current_node is not None else None
-        if node is not None:
-            metadata = getattr(node, "metadata", None)
-            forward = metadata.get(_KEY) if isinstance(metadata, dict) else None
-            module_path, source, _ = site(forward) if forward is not None else ("", UNKNOWN, "")
-            where = site_number(module_path, user_line_in_backward(3) or source, node.name())
-        else:
-            where = site_number(self.modules.current(), user_line(3), "")
-            if torch.is_grad_enabled():
-                self._pending = (outputs, where)
+        where = site_number(*self.where(outputs))
         first = outputs[0]
         if len(outputs) == 1 and not first.is_nested:
             meta = meta_number(first.dtype, first.shape, first.device)
