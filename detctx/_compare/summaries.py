@@ -62,6 +62,7 @@ from detctx._locate import PUBLIC_KEY, Staging, combine_digests, tensor_digest
 
 __all__ = [
     "BATCH_OPS",
+    "HANDOFF_BYTES",
     "LARGEST_COPY",
     "PENDING_BYTES",
     "PENDING_OPS",
@@ -83,7 +84,10 @@ over costs the program about what summarising them does."""
 LARGEST_COPY: Final = 64 << 20
 """Larger CPU outputs are summarised in line, not copied."""
 BATCH_OPS: Final = 64
-"""Without a helper, the small outputs of this many ops are summarised together."""
+"""The small outputs of this many ops are summarised together; with a helper, it is woken
+when this many ops wait (or :data:`HANDOFF_BYTES` of copies), before a fork and at the end."""
+HANDOFF_BYTES: Final = 8 << 20
+"""Bytes of copies waiting that wake the helper however few ops hold them."""
 _UNREADABLE: Final = np.concatenate([np.zeros(3), np.full(len(STATISTICS) - 3 + SKETCH, np.nan)])
 
 
@@ -151,6 +155,8 @@ class Summaries:
         self._in_hand = 0  # ops in the batch the helper has in hand
         self._busy = False
         self._closing = False
+        self._draining = False
+        self._stalled = False  # the program waits for room
         self._failure: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._batch: list[_Op] = []
@@ -188,10 +194,16 @@ class Summaries:
                 len(self._queue) + self._in_hand >= PENDING_OPS
                 or (self._pending and self._pending + size > PENDING_BYTES)
             ):
+                self._stalled = True  # the helper takes what waits, however little
+                self._changed.notify_all()
                 self._changed.wait()
+            self._stalled = False
             self._queue.append(op)
             self._pending += size
-            self._changed.notify_all()
+            # The helper is woken for a batch, not for each op: every wake costs both
+            # threads a switch of the GIL.
+            if len(self._queue) >= BATCH_OPS or self._pending >= HANDOFF_BYTES:
+                self._changed.notify_all()
 
     def drain(self) -> None:
         """Wait until every op put so far is written (the recorder does, before a fork)."""
@@ -199,8 +211,13 @@ class Summaries:
             self._flush()
             return
         with self._changed:
-            while (self._queue or self._busy) and self._failure is None:
-                self._changed.wait()
+            self._draining = True
+            self._changed.notify_all()
+            try:
+                while (self._queue or self._busy) and self._failure is None:
+                    self._changed.wait()
+            finally:
+                self._draining = False
 
     def close(self) -> None:
         """Write every op put so far and stop the helper; raises what the helper raised."""
@@ -291,14 +308,25 @@ class Summaries:
             summaries.append(_Output(tensor, copy))
         return summaries
 
+    def _ready(self) -> bool:
+        """Whether the helper takes what waits now: a batch's worth, or the program waits
+        for it (at the end, before a fork, or for room)."""
+        return bool(self._queue) and (
+            self._closing
+            or self._draining
+            or self._stalled
+            or len(self._queue) >= BATCH_OPS
+            or self._pending >= HANDOFF_BYTES
+        )
+
     def _serve(self) -> None:
         with torch.no_grad():
             while True:
                 with self._changed:
-                    while not self._queue and not self._closing:
+                    while not self._ready() and not (self._closing and not self._queue):
                         self._changed.wait()
                     if not self._queue:
-                        return
+                        return  # closing, and every op written
                     # The ops waiting: their small outputs are summarised together.
                     take = min(len(self._queue), PENDING_OPS // 2)
                     batch = [self._queue.popleft() for _ in range(take)]
