@@ -129,8 +129,16 @@ def test_a_stopped_recording_stops_its_command_and_leaves_the_earlier_trace_alon
 
 
 def seen(stdout: str) -> dict[str, dict[str, object]]:
-    lines = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
-    return {f"{line['who']}{line['rank'] or ''}": line for line in lines}
+    """The JSON objects the processes printed. Two ranks print at once into one pipe, so
+    one line may hold both objects, one after the other."""
+    decoder, found = json.JSONDecoder(), []
+    for line in stdout.splitlines():
+        at = line.find("{")
+        while at >= 0:
+            view, end = decoder.raw_decode(line, at)
+            found.append(view)
+            at = line.find("{", end)
+    return {f"{view['who']}{view['rank'] or ''}": view for view in found}
 
 
 def assert_left_out(views: dict[str, dict[str, object]]) -> None:
