@@ -84,8 +84,10 @@ class StatisticsRecorder(Recorder):
 
     def start(self) -> None:
         self.summaries = Summaries(self.writer, helper=spare_core)
-        self.names.start()
         super().start()
+
+    def _opened(self) -> None:
+        self.names.start()  # it reads the module tracker's paths
 
     def before_fork(self) -> None:
         # The helper finishes its queue, so the child inherits no thread mid torch call.

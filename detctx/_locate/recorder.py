@@ -196,6 +196,7 @@ class Recorder:
     def start(self) -> None:
         self.modules.start()
         try:
+            self._opened()
             self._mode = dispatch_mode(self)
             self._mode.__enter__()
         except BaseException:
@@ -235,8 +236,12 @@ class Recorder:
     def before_fork(self) -> None:
         """Called before this process forks while recording."""
 
+    def _opened(self) -> None:
+        """Once the module tracker runs, before the mode is entered."""
+
     def _close(self) -> None:
-        """After the mode is left: hand over or write what is left."""
+        """After the mode is left (or could not be entered): hand over or write what is
+        left."""
 
     def _forget(self) -> None:
         """In a forked child: drop what is kept, write nothing."""
