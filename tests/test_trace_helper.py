@@ -168,10 +168,11 @@ def test_a_failing_summary_stops_the_program_and_leaves_the_trace_cut_short(
 ) -> None:
     _helper(monkeypatch, helper)
 
-    def broken(tensor: torch.Tensor) -> None:
+    def broken(tensor: object) -> None:
         raise MemoryError("no room for the sketch")
 
     monkeypatch.setattr(summaries_module, "statistics", broken)
+    monkeypatch.setattr(summaries_module, "float_rows", broken)  # large ones, together
     x = torch.randn(512, 512)
     with pytest.raises(RuntimeError, match="summarising a recorded op failed") as raised:
         with detctx.recording(tmp_path / "a.trace"):
@@ -279,3 +280,48 @@ def test_a_summary_failing_in_the_programs_thread_leaves_no_op_missing_unseen(
     assert not _helper_threads()
     with pytest.raises(detctx.TraceError, match="cut short"):
         read_trace(tmp_path / "a.trace")
+
+
+def test_large_float32_outputs_summarised_together_get_the_rows_they_have_alone() -> None:
+    # The helper measures outputs of one size in one stacked product; each row must be
+    # the one that output gets by itself, whatever it is stacked with.
+    from detctx._compare.sketch import IN_NUMPY, float_rows, statistics
+
+    generator = torch.Generator().manual_seed(3)
+    tensors = [
+        torch.randn(count, generator=generator) * scale
+        for count in (IN_NUMPY + 1, 2 * IN_NUMPY, 40_000)
+        for scale in (1e-3, 1.0, 1e3, 1e12)
+    ]
+    tensors.append(torch.full((IN_NUMPY + 7,), 0.0))
+    tensors.append(
+        torch.randn(40_000, generator=generator).masked_fill(
+            torch.arange(40_000) == 3, float("nan")
+        )
+    )
+    rows = float_rows(tensors)
+    for tensor, row in zip(tensors, rows):
+        alone = statistics(tensor)
+        assert alone is not None
+        if row is None:  # values past 2**40, NaN: statistics scales or counts them itself
+            assert alone[1] > 0 or abs(alone[4]) > 2.0**40 or abs(alone[3]) > 2.0**40
+            continue
+        assert np.array_equal(row, alone)
+        assert np.array_equal(row, float_rows([tensor])[0])
+    assert sum(row is not None for row in rows) >= 10
+
+
+def test_large_outputs_copies_digested_together_get_the_digests_they_have_alone() -> None:
+    torch.manual_seed(6)
+    tensors = [
+        torch.randn(IN_NUMPY + 1),
+        torch.randn(64, 1024, dtype=torch.float64),  # 512 KiB: the largest a buffer takes
+        torch.randint(0, 9, (30_000,)),
+        torch.randn(40_000).bfloat16(),
+        torch.randn(5000, dtype=torch.complex64),
+    ] * 12  # more than one buffer's rows
+    copies = [tensor.clone() for tensor in tensors]
+    summaries = Summaries(None, helper=lambda: False)  # type: ignore[arg-type]
+    assert summaries._digests(copies) == [
+        tensor_digest(tensor, key=PUBLIC_KEY) for tensor in tensors
+    ]

@@ -57,8 +57,15 @@ import numpy as np
 import torch
 
 from detctx._compare.format import TraceWriter
-from detctx._compare.sketch import SKETCH, STATISTICS, numpy_values, small_rows, statistics
-from detctx._locate import PUBLIC_KEY, Staging, combine_digests, tensor_digest
+from detctx._compare.sketch import (
+    SKETCH,
+    STATISTICS,
+    float_rows,
+    numpy_values,
+    small_rows,
+    statistics,
+)
+from detctx._locate import PUBLIC_KEY, STAGED, Staging, combine_digests, tensor_digest
 
 __all__ = [
     "BATCH_OPS",
@@ -125,14 +132,13 @@ class _Output:
             self.compute(tensor)
 
     def compute(self, tensor: torch.Tensor) -> None:
-        row = statistics(tensor)
-        self.row = _UNREADABLE if row is None else row
+        self.row = _row(tensor)
         self.digest = tensor_digest(tensor, key=PUBLIC_KEY) or 0
 
-    def finish(self) -> None:
-        if self.copy is not None:
-            copy, self.copy = self.copy, None
-            self.compute(copy)
+
+def _row(tensor: torch.Tensor) -> np.ndarray:
+    row = statistics(tensor)
+    return _UNREADABLE if row is None else row
 
 
 _Strings = tuple[str, str, str, str]
@@ -160,6 +166,7 @@ class Summaries:
         self._failure: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._batch: list[_Op] = []
+        self._batch_bytes = 0  # of the copies the batch holds (without a helper)
         self._staging: Staging | None = None
 
     def put(
@@ -178,9 +185,11 @@ class Summaries:
         helper = self._thread is not None
         if not helper:
             with self._failing():
-                self._batch.append((strings, self._outputs(outputs, helper), inputs, 0))
-                if len(self._batch) >= BATCH_OPS:
-                    batch, self._batch = self._batch, []
+                summaries = self._outputs(outputs, True)
+                self._batch.append((strings, summaries, inputs, 0))
+                self._batch_bytes += sum(output.size for output in summaries)
+                if len(self._batch) >= BATCH_OPS or self._batch_bytes >= HANDOFF_BYTES:
+                    batch, self._batch, self._batch_bytes = self._batch, [], 0
                     self._finish(batch)
             return
         try:
@@ -262,7 +271,7 @@ class Summaries:
 
     def _flush(self) -> None:
         """Without a helper: write the ops put since the last flush."""
-        batch, self._batch = self._batch, []
+        batch, self._batch, self._batch_bytes = self._batch, [], 0
         if batch:
             with self._failing():
                 self._finish(batch)
@@ -358,22 +367,33 @@ class Summaries:
             rows = small_rows(arrays)
             for output, row, digest in zip(small, rows, self._digests(arrays)):
                 output.row, output.digest, output.array = row, digest, None
+        # Large outputs' copies: float32 ones of one size measured together, digests of
+        # those a staging buffer takes made together; each row and digest its own.
+        copied = [output for op in batch for output in op[1] if output.copy is not None]
+        copies = [output.copy for output in copied if output.copy is not None]
+        if copies:
+            staged = [copy.nbytes <= STAGED for copy in copies]
+            digests = iter(self._digests([c for c, s in zip(copies, staged) if s]))
+            for output, copy, row, in_stage in zip(copied, copies, float_rows(copies), staged):
+                output.copy = None
+                output.row = row if row is not None else _row(copy)
+                output.digest = (
+                    next(digests) if in_stage else tensor_digest(copy, key=PUBLIC_KEY) or 0
+                )
         for strings, outputs, inputs, _ in batch:
-            for output in outputs:
-                output.finish()
             self._write(strings, outputs, inputs)
 
-    def _digests(self, arrays: list[np.ndarray]) -> list[int]:
-        """The digests of small outputs' copies, many at a time (each the one it has alone)."""
+    def _digests(self, arrays: list[np.ndarray] | list[torch.Tensor]) -> list[int]:
+        """The digests of outputs' copies, many at a time (each the one it has alone)."""
         if self._staging is None:
             self._staging = Staging(key=PUBLIC_KEY)
         staging = self._staging
         digests: list[int] = []
         for array in arrays:
-            copy = torch.from_numpy(array)
+            copy = torch.from_numpy(array) if isinstance(array, np.ndarray) else array
             if not staging.room_for([copy]):
                 digests.extend(self._take(staging))
-            staging.add(copy)
+            staging.add(copy, owned=True)  # copies made here, of the outputs
         digests.extend(self._take(staging))
         return digests
 

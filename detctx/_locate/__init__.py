@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from detctx._locate.callsite import UNKNOWN, keep_for_backward, user_line, user_line_in_backward
 from detctx._locate.child import record_until_exit, start_from_environment
-from detctx._locate.digest import NUMPY_DTYPES
+from detctx._locate.digest import NUMPY_DTYPES, STAGED
 from detctx._locate.digest import digest as tensor_digest
 from detctx._locate.divergence import Divergence, compare_traces
 from detctx._locate.eager import COMPILE_OFF
@@ -32,6 +32,7 @@ __all__ = [
     "COMPILE_OFF",
     "NUMPY_DTYPES",
     "PUBLIC_KEY",
+    "STAGED",
     "UNKNOWN",
     "Divergence",
     "ModuleTracker",

@@ -156,7 +156,7 @@ def layout_halves(dtype: torch.dtype, shape: tuple[int, ...]) -> tuple[int, int]
 _CHUNK: Final = 1024
 """Bytes of a row one float32 product sums: ``1024 * 128 * 127 < 2**24``, so every partial
 sum of int8 products is an integer float32 holds exactly, in whatever order it adds."""
-_BLOCK_ROWS: Final = 64
+_BLOCK_ROWS: Final = 31
 """Rows converted to float32 at a time (2 MiB): the temporaries stay in cache."""
 _chunked: dict[int, tuple[torch.Tensor, np.ndarray]] = {}  # id -> the matrix (kept), its floats
 _method: list[bool] = []  # [whether the float32 products beat torch._int_mm], once measured
@@ -187,10 +187,9 @@ def _float_product(rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         # torch converts (a copy of its own); NumPy multiplies (its BLAS is the faster
         # on these narrow products) and never sees the program's memory.
         block = rows[start : start + _BLOCK_ROWS].to(torch.float32).numpy()
-        block = block.reshape(block.shape[0], chunks, _CHUNK)
-        into = total[start : start + _BLOCK_ROWS]
-        for chunk in range(chunks):
-            into += np.matmul(block[:, chunk, :], chunked[chunk]).astype(np.int32)
+        block = block.reshape(block.shape[0], chunks, _CHUNK).transpose(1, 0, 2)
+        products = np.matmul(block, chunked)  # a product per chunk, each exact
+        total[start : start + _BLOCK_ROWS] = products.astype(np.int32).sum(axis=0)
     return torch.from_numpy(total)
 
 

@@ -109,9 +109,20 @@ class Staging:
                 rows += -(-size // ROW_BYTES) * ROW_BYTES
         return words <= len(self._words) and rows <= self.capacity
 
-    def add(self, tensor: torch.Tensor) -> int:
-        """Copy ``tensor``'s bytes in (check :meth:`room` first); its number."""
-        data = host_bytes(tensor)
+    def add(self, tensor: torch.Tensor, *, owned: bool = False) -> int:
+        """Copy ``tensor``'s bytes in (check :meth:`room` first); its number. ``owned``: the
+        tensor is the caller's own copy, which NumPy may read in place (never the
+        program's tensor: see :func:`host_bytes`)."""
+        if (
+            owned
+            and tensor.dtype in NUMPY_DTYPES
+            and tensor.is_contiguous()
+            and not tensor.is_conj()
+            and not tensor.is_neg()
+        ):
+            data = tensor.numpy().reshape(-1).view(np.uint8)
+        else:
+            data = host_bytes(tensor)
         size = data.size
         if size <= SMALL:
             buffer, start = self._words, self._words_used
