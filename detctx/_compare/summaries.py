@@ -23,7 +23,12 @@ together, or every :data:`BATCH_OPS` ops without one
 (:func:`~detctx._compare.sketch.small_rows`, and a
 :class:`~detctx._locate.Staging` buffer for their digests): a few
 microseconds an output instead of tens, and each row and digest is the one
-the output has alone.
+the output has alone. Large outputs' copies are summarised together too,
+with a helper or without (without one, every :data:`BATCH_OPS` ops or
+:data:`HANDOFF_BYTES` of copies): float32 ones of one size stacked and
+measured at once (:func:`~detctx._compare.sketch.float_rows`), digests of
+those a staging buffer takes made at once; some 50 us an output of 64 KiB
+instead of some 300.
 
 A core is spare when this process's CPU affinity holds more cores than
 torch's intra-op threads take, for every local rank (``LOCAL_WORLD_SIZE``,
