@@ -139,3 +139,18 @@ def test_the_planting_harness_names_clear_plantings_without_noise_and_reports_ev
     assert sum(int(cells[2]) for cells in pairs) == 4
     assert "## Plantings named (14 plantings)" in text
     assert "## Noise-only pairs (14 plantings)" in text
+
+
+@pytest.mark.slow
+def test_the_record_cost_scenario_times_each_model_against_its_plain_step(tmp_path: Path) -> None:
+    data, text = quick_run(tmp_path, ("record_cost",))
+    scenario = data["scenarios"]["record_cost"]
+    rows = scenario["rows"]
+    assert len(rows) == 3  # the quick models: GPT-2, the LSTM, nanoGPT tiny
+    for row in rows:
+        assert row["against"] == "the same steps, unrecorded", row
+        assert row["value"]["median"] > 0 and row["baseline"]["median"] > 0, row
+        assert " ops a step; " in row["note"] and " us an op beyond" in row["note"], row
+    (table,) = scenario["tables"]
+    assert [cells[0] for cells in table["rows"]] == ["gpt2", "lstm", "nanogpt-tiny"]
+    assert "## Recording cost per model" in text
