@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from detctx._basics import TraceError
+from detctx._basics.steps import STEPS_ENV, parse_steps, steps_text
 from detctx._cli.locate import recording_shim
 from detctx._cli.signals import (
     GRACE_S,
@@ -107,7 +108,7 @@ def _replace_earlier(path: Path) -> None:
             old.unlink(missing_ok=True)
 
 
-def record(path: Path, command: list[str]) -> int:
+def record(path: Path, command: list[str], steps: tuple[int, int] | None = None) -> int:
     """Run ``command`` once, recording into ``path``; the exit status of ``detctx record``.
 
     Raises ``KeyboardInterrupt`` or :class:`~detctx._cli.signals.Stopped` when
@@ -125,6 +126,8 @@ def record(path: Path, command: list[str]) -> int:
         env = dict(os.environ)
         env[RECORD_ENV] = str(staging)
         env[RUN_ENV] = secrets.token_hex(16)
+        if steps is not None:
+            env[STEPS_ENV] = steps_text(steps)
         rest = env.get("PYTHONPATH", "")
         env["PYTHONPATH"] = str(site) + (os.pathsep + rest if rest else "")
         sys.stderr.write(f"detctx record: {' '.join(command)}\n")
@@ -258,12 +261,19 @@ def _tolerance(text: str) -> float:
     return value
 
 
+def _window(text: str) -> tuple[int, int]:
+    try:
+        return parse_steps(text)
+    except TraceError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_arguments(commands: Any, compare: argparse.ArgumentParser) -> None:
     """``detctx record``, and ``compare``'s options for traces."""
     parser = commands.add_parser(
         "record",
         help="run a command once, recording every op's statistics for detctx compare",
-        usage="detctx record -o PATH -- CMD ...",
+        usage="detctx record -o PATH [--steps A:B] -- CMD ...",
     )
     parser.add_argument(
         "-o",
@@ -272,6 +282,13 @@ def add_arguments(commands: Any, compare: argparse.ArgumentParser) -> None:
         required=True,
         metavar="PATH",
         help="the trace to write (a folder of rank<N>.trace files when CMD starts ranks)",
+    )
+    parser.add_argument(
+        "--steps",
+        type=_window,
+        metavar="A:B",
+        help="record only optimizer steps A to B-1 (counted as optimizer.step() calls "
+        "complete), after the state step A starts from",
     )
     parser.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
     parser.set_defaults(command_parser=parser)
@@ -296,7 +313,7 @@ def dispatch(args: argparse.Namespace) -> int | None:
                 "record needs a command after --, e.g. detctx record "
                 "-o run.trace -- python train.py"
             )
-        return record(args.output, command)
+        return record(args.output, command, args.steps)
     traces = [looks_like_trace(path) for path in args.logs]
     if any(traces):
         if not all(traces):

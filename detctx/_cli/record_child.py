@@ -36,6 +36,7 @@ from collections.abc import MutableMapping, Sequence
 from pathlib import PurePath
 from typing import Final
 
+from detctx._basics.steps import STEPS_ENV
 from detctx._cli.record import RECORD_ENV, RUN_ENV, SITE_FOLDER
 
 __all__ = ["forget_recording", "is_torch_launcher", "start_from_environment"]
@@ -73,9 +74,11 @@ def _is_rank(env: MutableMapping[str, str]) -> tuple[int, int] | None:
 
 
 def forget_recording(env: MutableMapping[str, str]) -> None:
-    """Take ``$DETCTX_RECORD_DIR``, ``$DETCTX_RECORD_RUN`` and the shim's entry on
-    ``PYTHONPATH`` out of ``env`` (``PYTHONPATH`` removed when nothing else was on it)."""
+    """Take ``$DETCTX_RECORD_DIR``, ``$DETCTX_RECORD_RUN``, ``$DETCTX_RECORD_STEPS`` and the
+    shim's entry on ``PYTHONPATH`` out of ``env`` (``PYTHONPATH`` removed when nothing else
+    was on it)."""
     env.pop(RUN_ENV, None)
+    env.pop(STEPS_ENV, None)
     folder = env.pop(RECORD_ENV, None)
     if not folder or "PYTHONPATH" not in env:
         return

@@ -42,6 +42,7 @@ __all__ = [
     "PREFIX",
     "SKETCH_SHAPE",
     "START",
+    "STATE_OP",
     "UNSHARED",
     "VALUE",
     "VERSION",
@@ -55,6 +56,9 @@ COMPLETED: Final = "completed"
 """The outcome of a recording whose block (or process) ran to its end."""
 UNSHARED: Final = "unshared"
 """The run identity of a rank that had no way to learn one its peers share."""
+STATE_OP: Final = "detctx::state"
+"""The op name of a row holding one tensor of the state a window of steps starts from (its
+source: ``[parameter NAME]``, ``[buffer NAME]``, ``[NAME: exp_avg]``)."""
 FORMAT: Final = "detctx statistics trace"
 OP: Final = np.dtype(
     [

@@ -13,6 +13,7 @@ tensors after it; an op's name is the one its written memory has.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -41,6 +42,10 @@ class TensorNames:
         self._modules = modules
         self._names: dict[int, str] = {}
         self._handles: list[RemovableHandle] = []
+        # What a window's entering state holds: the modules called and the optimizers
+        # stepped so far, in the order first seen (weakly: the recording keeps nothing alive).
+        self._seen: dict[int, tuple[str, weakref.ref[torch.nn.Module]]] = {}
+        self._optimizers: dict[int, weakref.ref[torch.optim.Optimizer]] = {}
 
     def start(self) -> None:
         # After the tracker's own pre-hook (registered first), so its path is this module's.
@@ -56,6 +61,50 @@ class TensorNames:
             handle.remove()
         self._handles.clear()
         self._names.clear()
+        self._seen.clear()
+        self._optimizers.clear()
+
+    def state(self) -> list[tuple[str, str, torch.Tensor]]:
+        """The program's state as the modules called and the optimizers stepped so far hold
+        it: ``(module path, name, tensor)`` for each parameter and buffer (in the order the
+        modules were first called) and each tensor of an optimizer's state (parameter by
+        parameter, entries by name); each memory once (tied weights)."""
+        found: list[tuple[str, str, torch.Tensor]] = []
+        taken: set[int] = set()
+
+        def take(path: str, name: str, tensor: Any) -> None:
+            key = _memory(tensor)
+            if key is not None and key not in taken:
+                taken.add(key)
+                found.append((path, name, tensor.detach()))
+
+        for path, held in list(self._seen.values()):
+            module = held()
+            if module is None:
+                continue
+            prefix = f"{path}." if path else ""
+            for name, parameter in module.named_parameters(recurse=False):
+                take(path, f"parameter {prefix}{name}", parameter)
+            for name, buffer in module.named_buffers(recurse=False):
+                take(path, f"buffer {prefix}{name}", buffer)
+        for number, held_optimizer in enumerate(list(self._optimizers.values())):
+            optimizer = held_optimizer()
+            if optimizer is None:
+                continue
+            for group in optimizer.param_groups:
+                for index, parameter in enumerate(group["params"]):
+                    key = _memory(parameter)
+                    named = self._names.get(key) if key is not None else None
+                    owner = (
+                        named.removeprefix("parameter ")
+                        if named
+                        else f"optimizer {number} parameter {index}"
+                    )
+                    entries = optimizer.state.get(parameter, {})
+                    for entry in sorted(entries, key=str):
+                        if isinstance(entries[entry], torch.Tensor):
+                            take("", f"{owner}: {entry}", entries[entry])
+        return found
 
     def name_of(self, outputs: list[torch.Tensor]) -> str | None:
         """The name of the memory the first named output is in, if any."""
@@ -67,12 +116,18 @@ class TensorNames:
 
     def _entered(self, module: torch.nn.Module, _args: Any) -> None:
         path = self._modules.current()
+        known = self._seen.get(id(module))
+        if known is None or known[1]() is not module:
+            self._seen[id(module)] = (path, weakref.ref(module))
         for name, parameter in module.named_parameters(recurse=False):
             key = _memory(parameter)
             if key is not None:
                 self._names[key] = f"parameter {path}.{name}"
 
     def _stepping(self, optimizer: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
+        known = self._optimizers.get(id(optimizer))
+        if known is None or known() is not optimizer:
+            self._optimizers[id(optimizer)] = weakref.ref(optimizer)
         for group in optimizer.param_groups:
             for parameter in group["params"]:
                 key = _memory(parameter)

@@ -22,7 +22,7 @@ import functools
 import numpy as np
 import torch
 
-from detctx._compare.format import Trace
+from detctx._compare.format import STATE_OP, Trace
 
 __all__ = ["RANDOM_ADVICE", "bits_part", "random_op"]
 
@@ -70,6 +70,8 @@ def bits_part(
         (a.ops["high"][partner] != b.ops["high"]) | (a.ops["low"][partner] != b.ops["low"])
     )
     found: np.ndarray = same_inputs & differ
+    if STATE_OP in b.strings:  # a window's entering state: no op computed it
+        found &= b.ops["op"] != b.strings.index(STATE_OP)
     return found
 
 

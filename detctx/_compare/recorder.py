@@ -24,7 +24,7 @@ from typing import Any, Final
 
 import torch
 
-from detctx._basics import doing_own_work
+from detctx._basics import doing_own_work, own_work
 from detctx._compare.collectives import (
     Issued,
     Kind,
@@ -36,7 +36,7 @@ from detctx._compare.collectives import (
     plain_tensors,
     reads,
 )
-from detctx._compare.format import TraceWriter
+from detctx._compare.format import STATE_OP, TraceWriter
 from detctx._compare.naming import TensorNames
 from detctx._compare.summaries import Summaries, spare_core
 from detctx._locate import Recorder, new_values, op_info
@@ -69,15 +69,21 @@ def _key(tensor: torch.Tensor) -> int | None:
 
 
 class StatisticsRecorder(Recorder):
-    """Records ops into ``writer`` between :meth:`start` and :meth:`stop`."""
+    """Records ops into ``writer`` between :meth:`start` and :meth:`stop`; with ``steps``
+    ``(A, B)``, only the ops of optimizer steps ``A`` to ``B - 1``, the state entering step
+    ``A`` first (see :mod:`detctx._basics.steps`)."""
 
     KEY = _KEY
 
-    def __init__(self, writer: TraceWriter) -> None:
+    def __init__(self, writer: TraceWriter, steps: tuple[int, int] | None = None) -> None:
         super().__init__()
         self.writer = writer
         self.names = TensorNames(self.modules)
         self.count = 0
+        self.window = steps
+        self.steps_done = 0
+        self._inside = steps is None or steps[0] == 0  # whether ops are recorded now
+        self._step_hook: Any = None
         self._producers: dict[int, tuple[int, int]] = {}
         self._issued: dict[int, list[Issued]] = {}  # output memory -> collectives not recorded
         self.summaries = Summaries(writer, helper=lambda: False)
@@ -88,12 +94,40 @@ class StatisticsRecorder(Recorder):
 
     def _opened(self) -> None:
         self.names.start()  # it reads the module tracker's paths
+        if self.window is not None:
+            from torch.optim import optimizer
+
+            self._step_hook = optimizer.register_optimizer_step_post_hook(self._stepped)
+
+    def _stepped(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
+        """An optimizer step completed: the window opens (its entering state recorded
+        first) or closes."""
+        assert self.window is not None
+        self.steps_done += 1
+        if self.steps_done == self.window[0]:
+            with own_work():  # the copies of the state are not the program's ops
+                self._record_state()
+            self._inside = True
+        elif self.steps_done == self.window[1]:
+            self._inside = False
+
+    def _record_state(self) -> None:
+        """A row for each tensor of the state the window starts from, read by the ops that
+        read it: two windows that start from different states differ at these rows."""
+        for module_path, name, tensor in self.names.state():
+            self._record((STATE_OP, module_path, f"[{name}]", ""), [local(tensor)], [])
+
+    def _unhook(self) -> None:
+        hook, self._step_hook = self._step_hook, None
+        if hook is not None:
+            hook.remove()
 
     def before_fork(self) -> None:
         # The helper finishes its queue, so the child inherits no thread mid torch call.
         self.summaries.drain()
 
     def _close(self) -> None:
+        self._unhook()
         self.names.stop()
         try:
             self._complete(_every(self._issued))
@@ -102,6 +136,7 @@ class StatisticsRecorder(Recorder):
             self.summaries.close()  # every row written before the writer closes
 
     def _forget(self) -> None:
+        self._unhook()
         self._issued.clear()
         self.summaries.abandon()
         self.writer.abandon()
@@ -118,7 +153,9 @@ class StatisticsRecorder(Recorder):
         return found if found is not None else (-1, 0)
 
     def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if doing_own_work():  # detctx's agreements between ranks: not the program's ops
+        if not self._inside or doing_own_work():
+            # Outside the window of steps, or detctx's own work (agreements between
+            # ranks, the copies of a window's entering state): not recorded.
             return func(*args, **kwargs)
         info = op_info(func)
         if self._pending is not None:

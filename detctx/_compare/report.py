@@ -35,7 +35,7 @@ from detctx._compare.findings import (
     op_error,
     unpaired_ops,
 )
-from detctx._compare.format import COMPLETED, UNSHARED
+from detctx._compare.format import COMPLETED, STATE_OP, UNSHARED
 from detctx._compare.parting import RANDOM_ADVICE
 from detctx._compare.reading import read_run
 
@@ -171,9 +171,17 @@ class TraceComparison:
         if self.unpaired:
             ops = sum(entry.ops for entry in self.unpaired)
             reasons.append(f"{ops} ops in one trace only")
+        if self._states():
+            reasons.append("the recordings start from different states")
         if self.past_tolerance:
             reasons.append(f"{len(self.past_tolerance)} ops past tolerance")
         return ", ".join(reasons)
+
+    def _states(self) -> list[str]:
+        """The tensors of a window's entering state past tolerance: their names."""
+        return [
+            past.source.strip("[]") for past in self.past_tolerance if past.op == STATE_OP
+        ]
 
     def _what_differs(self, shown: int) -> list[str]:
         lines = []
@@ -197,6 +205,16 @@ class TraceComparison:
             lines.append(f"  ... {len(self.unpaired) - shown} more runs of ops (--json lists all)")
         if not self.past_tolerance:
             return lines
+        states = self._states()
+        if states:
+            named = ", ".join(states[:shown]) + (
+                f" and {len(states) - shown} more" if len(states) > shown else ""
+            )
+            lines.append(
+                f"the recordings started from different states: {len(states)} tensors of the "
+                f"state the window starts from differ ({named}); record both from one "
+                "checkpoint (resume both, then record a window) to compare the steps"
+            )
         origin = self.origin
         if origin is None:
             lines.append(

@@ -24,6 +24,8 @@ from typing import Final
 
 import torch
 
+from detctx._basics import TraceError
+from detctx._basics.steps import STEPS_ENV, parse_steps
 from detctx._compare.environment import environment, rank_and_world
 from detctx._compare.format import COMPLETED, UNSHARED, TraceWriter
 from detctx._compare.recorder import StatisticsRecorder
@@ -123,7 +125,7 @@ def trace_path(path: str | os.PathLike[str]) -> Path:
 
 
 @contextlib.contextmanager
-def recording(path: str | os.PathLike[str]) -> Iterator[Path]:
+def recording(path: str | os.PathLike[str], *, steps: object = None) -> Iterator[Path]:
     """Record every op run inside the block, with statistics, into the trace at ``path``.
 
     ``detctx compare`` (or :func:`detctx.compare_traces`) then compares it with a trace
@@ -131,15 +133,23 @@ def recording(path: str | os.PathLike[str]) -> Iterator[Path]:
     library or number of ranks. An existing file at ``path`` is replaced. Among
     several ranks ``path`` is a folder and each rank writes ``rank<N>.trace``.
 
+    ``steps``: a window of optimizer steps, ``"A:B"``, ``(A, B)`` or ``range(A, B)``:
+    only the ops of steps ``A`` to ``B - 1`` are recorded (steps counted as
+    ``optimizer.step()`` calls complete, of any optimizer, from the block's start),
+    and before them the state step ``A`` starts from: each parameter and buffer of
+    the modules called so far and each tensor of the optimizers' state. Two windows
+    that start from different states differ there, and the compare says so.
+
     >>> with detctx.recording("a.trace"):   # doctest: +SKIP
     ...     train_step(model, batch)
     """
+    window = None if steps is None else parse_steps(steps)
     target = trace_path(path)
     rank, world = rank_and_world()
     run = run_identity(world)
     target.unlink(missing_ok=True)
     writer = _open(target, rank, world, run)
-    recorder = StatisticsRecorder(writer)
+    recorder = StatisticsRecorder(writer, window)
     outcome = COMPLETED
     try:
         recorder.start()
@@ -165,6 +175,13 @@ def start_from_environment() -> bool:
     folder = os.environ.get(RECORD_ENV)
     if not folder:
         return False
+    window = None
+    if os.environ.get(STEPS_ENV):
+        try:
+            window = parse_steps(os.environ[STEPS_ENV])
+        except TraceError as exc:
+            sys.stderr.write(f"detctx: not recording this process: ${STEPS_ENV}: {exc}\n")
+            return False
     rank, world = rank_and_world()
     name = f"rank{rank}.trace" if world > 1 else "main.trace"
     try:
@@ -174,7 +191,7 @@ def start_from_environment() -> bool:
     except OSError as exc:
         sys.stderr.write(f"detctx: not recording this process: {exc.strerror or exc}\n")
         return False
-    record_until_exit(StatisticsRecorder(writer), _ClosedAtExit(writer))
+    record_until_exit(StatisticsRecorder(writer, window), _ClosedAtExit(writer))
     return True
 
 

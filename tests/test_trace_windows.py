@@ -1,0 +1,188 @@
+"""A recorded window of optimizer steps: only its steps' ops, after the state it starts
+from, so two windows that start from different states say so and name the tensors, and two
+windows resumed from one checkpoint name the op where they part."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import detctx
+from detctx._cli import main
+from detctx._compare.format import STATE_OP
+from detctx._compare.reading import read_trace
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+class Net(torch.nn.Module):
+    def __init__(self, eps: float) -> None:
+        super().__init__()
+        self.inp = torch.nn.Linear(8, 16)
+        self.norm = torch.nn.LayerNorm(16, eps=eps)
+        self.out = torch.nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.relu(self.norm(self.inp(x))))
+
+
+def build(eps: float = 1e-5) -> tuple[Net, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    net = Net(eps)
+    return net, torch.optim.AdamW(net.parameters(), lr=1e-2)
+
+
+DATA = torch.randn(8, 4, 8, generator=torch.Generator().manual_seed(1))
+
+
+def train(net: Net, optimiser: torch.optim.Optimizer, steps: range) -> None:
+    for step in steps:
+        optimiser.zero_grad()
+        net(DATA[step]).square().mean().backward()
+        optimiser.step()
+
+
+def record(path: Path, body: Callable[[], object], steps: Any = None) -> Path:
+    with detctx.recording(path, steps=steps):
+        body()
+    return path
+
+
+def compare(a: Path, b: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, Any]:
+    status = main(["compare", str(a), str(b), *extra])
+    out = capsys.readouterr().out
+    return status, json.loads(out) if "--json" in extra else out
+
+
+def test_a_window_records_only_its_steps_after_the_state_it_starts_from(tmp_path: Path) -> None:
+    whole = record(tmp_path / "whole.trace", lambda: train(*build(), range(8)))
+    window = record(tmp_path / "window.trace", lambda: train(*build(), range(8)), "6:8")
+    ops, windowed = read_trace(whole), read_trace(window)
+    names = [windowed.text(number) for number in windowed.ops["op"]]
+    state = [number for number, name in enumerate(names) if name == STATE_OP]
+    # The state first: 6 parameters, their AdamW state (exp_avg, exp_avg_sq, step each).
+    assert state == list(range(6 + 3 * 6))
+    sources = [windowed.text(windowed.ops["source"][number]) for number in state]
+    assert "[parameter Net.norm.weight]" in sources and "[Net.out.bias: exp_avg_sq]" in sources
+    per_step = len(ops) // 8
+    assert len(windowed) - len(state) == 2 * per_step  # steps 6 and 7, nothing else
+
+
+def test_windows_that_start_from_different_states_say_so_and_name_the_tensors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # B's LayerNorm has another eps from step 0; both record steps 6 and 7 only.
+    a = record(tmp_path / "a.trace", lambda: train(*build(), range(8)), (6, 8))
+    b = record(tmp_path / "b.trace", lambda: train(*build(eps=1e-2), range(8)), range(6, 8))
+    status, text = compare(a, b, capsys)
+    assert status == 1
+    assert "traces DIFFER: the recordings start from different states" in text
+    assert "the recordings started from different states:" in text
+    assert "parameter Net.inp.weight" in text  # named, not "op 0"
+    status, result = compare(a, b, capsys, "--json")
+    assert result["origin"]["op"] == STATE_OP
+    assert result["bits_part"] == []  # no op computed the state: nothing parts "from inputs"
+
+
+def test_windows_resumed_from_one_checkpoint_name_the_op_where_they_part(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    net, optimiser = build()
+    train(net, optimiser, range(6))
+    checkpoint = {"net": net.state_dict(), "optimiser": optimiser.state_dict()}
+
+    def resumed(eps: float) -> None:
+        again, again_optimiser = build()
+        again.load_state_dict(checkpoint["net"])
+        again_optimiser.load_state_dict(checkpoint["optimiser"])
+        again.norm.eps = eps  # B's change, in the steps recorded
+        train(again, again_optimiser, range(6, 8))
+
+    a = record(tmp_path / "a.trace", lambda: resumed(1e-5), "0:2")
+    b = record(tmp_path / "b.trace", lambda: resumed(1e-2), "0:2")
+    status, result = compare(a, b, capsys, "--json")
+    assert status == 1
+    assert result["origin"]["op"] == "aten::native_layer_norm"
+    assert result["origin"]["module_path"] == "Net.norm"
+
+
+def test_windows_of_the_same_run_from_one_state_agree_bit_for_bit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = record(tmp_path / "a.trace", lambda: train(*build(), range(8)), "3:5")
+    b = record(tmp_path / "b.trace", lambda: train(*build(), range(8)), "3:5")
+    status, result = compare(a, b, capsys, "--json")
+    assert status == 0 and result["agree"] and result["bitwise"]
+
+
+@pytest.mark.parametrize(
+    "steps",
+    ["6", "8:6", "3:3", "-1:2", "a:b", " 1:2:3", (1,), (1.0, 2), (True, 2), range(0, 8, 2), 5],
+)
+def test_a_window_that_is_not_a_range_of_steps_is_refused_before_anything_is_written(
+    steps: Any, tmp_path: Path
+) -> None:
+    target = tmp_path / "a.trace"
+    with pytest.raises(detctx.TraceError, match=r"'A:B' .* 0 <= A < B"):
+        with detctx.recording(target, steps=steps):
+            pass
+    assert not target.exists()
+
+
+def test_detctx_record_records_the_window_it_is_given(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import torch
+            torch.manual_seed(0)
+            net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh())
+            optimiser = torch.optim.SGD(net.parameters(), lr=0.1)
+            for _ in range(4):
+                optimiser.zero_grad()
+                net(torch.ones(2, 4)).sum().backward()
+                optimiser.step()
+            """
+        )
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    detctx_command = [sys.executable, "-m", "detctx", "record"]
+    done = subprocess.run(
+        [
+            *detctx_command,
+            "--steps",
+            "2:3",
+            "-o",
+            str(tmp_path / "w.trace"),
+            "--",
+            sys.executable,
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    trace = read_trace(tmp_path / "w.trace")
+    names = [trace.text(number) for number in trace.ops["op"]]
+    assert names[:2] == [STATE_OP, STATE_OP]  # the weight and the bias entering step 2
+    assert STATE_OP not in names[2:] and len(names) > 2
+    refused = subprocess.run(
+        [*detctx_command, "--steps", "5", "-o", str(tmp_path / "x.trace"), "--", "true"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert refused.returncode == 2 and "0 <= A < B" in refused.stderr
+    assert not (tmp_path / "x.trace").exists()
