@@ -235,7 +235,7 @@ def _crafted(path: Path, flows: list[list[tuple[int, int]]]) -> None:
     )
     stats = statistics(torch.ones(4))
     assert stats is not None
-    where = (writer.string("aten::add.Tensor"), writer.string(""), writer.string("x.py:1"), 1)
+    where = (writer.string("aten::add.Tensor"), writer.string(""), writer.string("x.py:1"), 1, 1)
     value = (writer.string("float32"), writer.string("[4]"), 1, stats)
     for inputs in flows:
         writer.add(where, 0, [value], inputs)

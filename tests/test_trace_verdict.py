@@ -253,7 +253,7 @@ def _crafted(path: Path, change: Callable[[np.ndarray], None]) -> None:
     row = statistics(torch.linspace(-1.0, 2.0, 100))
     assert row is not None
     change(row)
-    where = (writer.string("aten::add.Tensor"), writer.string(""), writer.string("x.py:1"), 1)
+    where = (writer.string("aten::add.Tensor"), writer.string(""), writer.string("x.py:1"), 1, 1)
     writer.add(where, 1, [(writer.string("float32"), writer.string("[100]"), 1, row)], [])
     writer.close()
 

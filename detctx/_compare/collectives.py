@@ -187,7 +187,7 @@ class Issued:
 
     def __init__(
         self,
-        strings: tuple[str, str, str, str],
+        strings: tuple[str, str, str, str, str],
         outputs: list[torch.Tensor],
         inputs: list[tuple[int, int]],
         wait: Callable[[], None],

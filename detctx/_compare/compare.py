@@ -42,6 +42,7 @@ error grew step by step).
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from typing import Final
 
@@ -260,9 +261,29 @@ def compare_rank(
             f"{int(a.ops['outputs'][op_partner[index]])} outputs in A, "
             f"{int(b.ops['outputs'][index])} in B"
         )
+    # Other scalar arguments at a paired op (a norm's eps, dropout's p): a change its
+    # values may not show, so a difference in itself (floats within the tolerance aside).
+    scalars_a = _texts(a, a.ops["scalars"][op_partner[paired]])
+    scalars_b = _texts(b, b.ops["scalars"][paired])
+    scalar_rtol = tolerance_of("float32", rtol, atol)[0]
+    argued = np.zeros(len(b), dtype=bool)
+    for index, text_a, text_b in zip(
+        paired[scalars_a != scalars_b].tolist(),
+        scalars_a[scalars_a != scalars_b].tolist(),
+        scalars_b[scalars_a != scalars_b].tolist(),
+    ):
+        said = scalar_difference(text_a, text_b, scalar_rtol)
+        if said is None:
+            continue
+        # An origin whatever its inputs: its error stays what its values show.
+        past[index] = argued[index] = True
+        if np.isnan(op_error[index]):
+            op_error[index] = np.inf
+            estimated[index] = True
+        differences.setdefault(index, said)
     at_outputs = np.zeros(len(b), dtype=bool)
     np.logical_or.at(at_outputs, owner, by_flow & has)
-    origin, input_error = _origins(b, op_error, past, estimated)
+    origin, input_error = _origins(b, op_error, past, estimated, argued)
     bitwise = (
         len(a) == len(b)
         and alignment.aligned == len(b)
@@ -292,6 +313,33 @@ def compare_rank(
         lonely_b,
         parted,
     )
+
+
+def _arguments(text: str) -> dict[str, str]:
+    pairs = (part.partition("=") for part in text.split(", ") if part)
+    return {name: value for name, _, value in pairs}
+
+
+def scalar_difference(text_a: str, text_b: str, rtol: float) -> str | None:
+    """What differs between two ops' scalar arguments (as the recorder writes them), or
+    ``None`` when only floats differ, each within ``rtol`` of the larger."""
+    given_a, given_b = _arguments(text_a), _arguments(text_b)
+    differing = []
+    for name in dict.fromkeys([*given_a, *given_b]):
+        value_a, value_b = given_a.get(name), given_b.get(name)
+        if value_a == value_b:
+            continue
+        if value_a is not None and value_b is not None:
+            try:
+                number_a, number_b = float(value_a), float(value_b)
+            except ValueError:
+                number_a = number_b = math.nan
+            scale = max(abs(number_a), abs(number_b))
+            floats = "." in value_a + value_b or "e" in value_a + value_b  # not ints
+            if floats and math.isfinite(scale) and abs(number_a - number_b) <= rtol * scale:
+                continue
+        differing.append(f"{name} {value_a or '(not given)'} in A, {value_b or '(not given)'} in B")
+    return "; ".join(differing) if differing else None
 
 
 def _texts(trace: Trace, numbers: np.ndarray) -> np.ndarray:
@@ -343,10 +391,11 @@ def _per_op(b: Trace, error: np.ndarray, allowed: np.ndarray) -> tuple[np.ndarra
 
 
 def _origins(
-    b: Trace, error: np.ndarray, past: np.ndarray, estimated: np.ndarray
+    b: Trace, error: np.ndarray, past: np.ndarray, estimated: np.ndarray, argued: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """Which ops past tolerance are origins, and every op's input error (see the module's
-    docstring)."""
+    docstring); ``argued``: ops called with other scalar arguments, origins whatever their
+    inputs."""
     carried = np.where(estimated, np.nan_to_num(error, nan=0.0), 0.0)  # what it hands on
     producers = b.inputs["op"]
     starts = b.first_input
@@ -364,5 +413,5 @@ def _origins(
         reading = np.flatnonzero(counts > 0)
         received[reading] = np.maximum.reduceat(values, starts[:-1][reading])
     with np.errstate(invalid="ignore", over="ignore"):
-        origin = past & (error > GROWTH * received)
+        origin = past & ((error > GROWTH * received) | argued)
     return origin, received

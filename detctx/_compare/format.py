@@ -4,7 +4,9 @@ A trace is :data:`MAGIC`, a format version, a JSON header (the environment,
 the run it belongs to and the sketch's shape) with its CRC-32, then chunks.
 A chunk is a kind byte, its length and CRC-32, a JSON prefix (the strings
 first used in it, its row counts) and three arrays of fixed-size
-little-endian rows: ops (:data:`OP`), their outputs' statistics and digests
+little-endian rows: ops (:data:`OP`: name, module path, source line, autograd
+node and scalar arguments as string numbers, counts and digest), their
+outputs' statistics and digests
 (:data:`VALUE`) and their inputs' producers (:data:`INPUT`, the data flow).
 An end chunk holds the totals and how the recorded block ended
 (:data:`COMPLETED`, or the exception that left it), so a trace cut short (a
@@ -51,7 +53,7 @@ __all__ = [
 ]
 
 MAGIC: Final = b"DETCTXST"
-VERSION: Final = 2
+VERSION: Final = 3
 COMPLETED: Final = "completed"
 """The outcome of a recording whose block (or process) ran to its end."""
 UNSHARED: Final = "unshared"
@@ -66,6 +68,7 @@ OP: Final = np.dtype(
         ("module", "<u4"),
         ("source", "<u4"),
         ("node", "<u4"),
+        ("scalars", "<u4"),
         ("outputs", "<u4"),
         ("inputs", "<u4"),
         ("high", "<u8"),
@@ -121,13 +124,13 @@ class TraceWriter:
 
     def add(
         self,
-        where: tuple[int, int, int, int],
+        where: tuple[int, int, int, int, int],
         digest: int,
         values: list[tuple[int, int, int, np.ndarray]],
         inputs: list[tuple[int, int]],
     ) -> None:
-        """One op: its (op, module, source, node) strings, digest, outputs (dtype and shape
-        strings, digest, row) and producers."""
+        """One op: its (op, module, source, node, scalar arguments) strings, digest,
+        outputs (dtype and shape strings, digest, row) and producers."""
         if self._header is not None:
             self._write_header()
         self._ops.append((*where, len(values), len(inputs), digest >> 64, digest & _WORD))
@@ -153,7 +156,7 @@ class TraceWriter:
     def flush(self) -> None:
         if self._file is None or not (self._ops or self._new):
             return
-        ops = np.array(self._ops, dtype=np.uint64).reshape(-1, 8)
+        ops = np.array(self._ops, dtype=np.uint64).reshape(-1, 9)
         op_rows = np.zeros(len(ops), dtype=OP)
         for column, name in enumerate(OP.names or ()):
             op_rows[name] = ops[:, column]

@@ -226,7 +226,7 @@ class _Reader:
     def check_rows(
         self, ops: np.ndarray, values: np.ndarray, inputs: np.ndarray, strings: list[str]
     ) -> None:
-        for name in ("op", "module", "source", "node"):
+        for name in ("op", "module", "source", "node", "scalars"):
             if len(ops) and int(ops[name].max()) >= len(strings):
                 raise self.fail(f"an op whose {name} names no string")
         if int(ops["outputs"].sum()) != len(values) or int(ops["inputs"].sum()) != len(inputs):

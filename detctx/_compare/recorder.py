@@ -41,7 +41,7 @@ from detctx._compare.naming import TensorNames
 from detctx._compare.summaries import Summaries, spare_core
 from detctx._locate import Recorder, new_values, op_info
 
-__all__ = ["StatisticsRecorder"]
+__all__ = ["StatisticsRecorder", "scalar_arguments"]
 
 _KEY: Final = "detctx._compare"
 _PASSED_ON: Final = frozenset({"aten::clone", "aten::select_backward", "aten::slice_backward"})
@@ -58,6 +58,23 @@ def _every(issued: dict[int, list[Issued]]) -> list[Issued]:
     """Every collective in ``issued`` once, in the order issued."""
     found = {waiting.number: waiting for waiting in itertools.chain(*issued.values())}
     return [found[number] for number in sorted(found)]
+
+
+_SCALARS: Final = (float, int, bool, complex)
+_argument_names: dict[Any, tuple[str, ...]] = {}
+
+
+def scalar_arguments(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """The op's arguments that are plain numbers (a norm's ``eps``, dropout's ``p``, an
+    ``alpha``), as ``name=value`` joined by ``", "``: what a compare shows and compares
+    beside the values (``""`` for none)."""
+    names = _argument_names.get(func)
+    if names is None:
+        names = _argument_names[func] = tuple(a.name for a in func._schema.arguments)
+    parts = [f"{name}={value!r}" for name, value in zip(names, args) if type(value) in _SCALARS]
+    if kwargs:
+        parts += [f"{name}={value!r}" for name, value in kwargs.items() if type(value) in _SCALARS]
+    return ", ".join(parts)
 
 
 def _key(tensor: torch.Tensor) -> int | None:
@@ -115,7 +132,7 @@ class StatisticsRecorder(Recorder):
         """A row for each tensor of the state the window starts from, read by the ops that
         read it: two windows that start from different states differ at these rows."""
         for module_path, name, tensor in self.names.state():
-            self._record((STATE_OP, module_path, f"[{name}]", ""), [local(tensor)], [])
+            self._record((STATE_OP, module_path, f"[{name}]", "", ""), [local(tensor)], [])
 
     def _unhook(self) -> None:
         hook, self._step_hook = self._step_hook, None
@@ -182,11 +199,14 @@ class StatisticsRecorder(Recorder):
             noted = placements(outputs)  # DTensors: each rank's shard, its placements noted
             where = (where[0], f"{where[1]} [{noted}]" if noted else where[1], where[2])
             outputs = [local(tensor) for tensor in outputs]
-        self._record((info.name, *where), outputs, inputs)
+        self._record((info.name, *where, scalar_arguments(func, args, kwargs)), outputs, inputs)
         return result
 
     def _record(
-        self, strings: tuple[str, str, str, str], outputs: list[torch.Tensor], inputs: Inputs
+        self,
+        strings: tuple[str, str, str, str, str],
+        outputs: list[torch.Tensor],
+        inputs: Inputs,
     ) -> None:
         self.summaries.put(strings, outputs, inputs)
         for position, tensor in enumerate(outputs):
@@ -221,7 +241,7 @@ class StatisticsRecorder(Recorder):
         module, source, node = self.where(outputs)
         keys = [_key(tensor) for tensor in outputs]
         waiting = Issued(
-            (info.name, module, f"{source} [{group}]", node),
+            (info.name, module, f"{source} [{group}]", node, ""),
             outputs,
             [self._producer(tensor) for tensor in inputs],
             wait,

@@ -146,8 +146,8 @@ def _row(tensor: torch.Tensor) -> np.ndarray:
     return _UNREADABLE if row is None else row
 
 
-_Strings = tuple[str, str, str, str]
-"""An op's name, module path, source line and autograd node."""
+_Strings = tuple[str, str, str, str, str]
+"""An op's name, module path, source line, autograd node and scalar arguments."""
 _Op = tuple[_Strings, list[_Output], list[tuple[int, int]], int]
 
 
@@ -422,11 +422,12 @@ class Summaries:
                     writer.string(str(list(output.shape))),
                 )
             values.append((*described, output.digest, output.row))
-        op, module, source, node = strings
+        op, module, source, node, scalars = strings
         numbers = (
             writer.string(op),
             writer.string(module),
             writer.string(source),
             writer.string(node),
+            writer.string(scalars),
         )
         writer.add(numbers, combine_digests([output.digest for output in outputs]), values, inputs)
