@@ -78,3 +78,17 @@ def test_a_float_scalar_within_the_tolerance_is_not_a_difference(tmp_path: Path)
 )
 def test_what_differs_in_scalar_arguments_is_said_by_name(a: str, b: str, said: str | None) -> None:
     assert scalar_difference(a, b, 3e-4) == said
+
+
+def test_gelu_switched_to_its_tanh_form_is_named_at_the_gelu(tmp_path: Path) -> None:
+    def record(path: Path, approximate: str) -> Path:
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(approximate))
+        with detctx.recording(path):
+            net(torch.randn(4, 8)).sum().backward()
+        return path
+
+    a, b = record(tmp_path / "a.trace", "none"), record(tmp_path / "b.trace", "tanh")
+    origin = detctx.compare_traces(a, b).origin
+    assert origin is not None and origin.op == "aten::gelu" and origin.module_path == "Sequential.1"
+    assert origin.difference == "approximate (not given) in A, 'tanh' in B"  # 'none': the default

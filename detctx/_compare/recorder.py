@@ -60,14 +60,14 @@ def _every(issued: dict[int, list[Issued]]) -> list[Issued]:
     return [found[number] for number in sorted(found)]
 
 
-_SCALARS: Final = (float, int, bool, complex)
+_SCALARS: Final = (float, int, bool, complex, str)
 _argument_names: dict[Any, tuple[str, ...]] = {}
 
 
 def scalar_arguments(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-    """The op's arguments that are plain numbers (a norm's ``eps``, dropout's ``p``, an
-    ``alpha``), as ``name=value`` joined by ``", "``: what a compare shows and compares
-    beside the values (``""`` for none)."""
+    """The op's arguments that are plain numbers or strings (a norm's ``eps``, dropout's
+    ``p``, an ``alpha``, GELU's ``approximate``), as ``name=value`` joined by ``", "``:
+    what a compare shows and compares beside the values (``""`` for none)."""
     names = _argument_names.get(func)
     if names is None:
         names = _argument_names[func] = tuple(a.name for a in func._schema.arguments)
