@@ -446,12 +446,16 @@ def test_where_the_bits_first_part_from_the_same_inputs_is_named_within_toleranc
     a = record(tmp_path / "a.trace", lambda: _mlp("none"))
     b = record(tmp_path / "b.trace", lambda: _mlp("tanh"))
     status, result = compare(a, b, capsys)
-    # A GELU in its tanh form is within float32's tolerance here, yet the op is named.
+    # A GELU in its tanh form is within float32's tolerance here, yet the op is named: where
+    # the bits part, and as the origin by its argument.
     first = result["bits_part"][0]
     assert first["op"] == "aten::gelu" and first["module_path"] == "Sequential.3"
     assert first["backward"] is None and not first["random"]
-    assert status == 0 and result["agree"] and not result["bitwise"]
-    assert main(["compare", str(a), str(b)]) == 0
+    assert first["error"] <= first["tolerance"]
+    assert status == 1 and not result["agree"] and not result["bitwise"]
+    assert result["origin"]["index"] == first["index"]
+    assert result["origin"]["difference"] == "approximate (not given) in A, 'tanh' in B"
+    assert main(["compare", str(a), str(b)]) == 1
     out = capsys.readouterr().out
     assert f"bits first part: rank 0, op {first['index']} aten::gelu in Sequential.3" in out
     assert "its inputs are the same bits in A and B, its outputs are not" in out
@@ -514,3 +518,43 @@ def test_an_optimizer_op_is_named_by_the_parameter_it_updates(
     assert status == 1
     assert result["origin"]["source"].endswith("[parameter Sequential.2.bias]")
     assert result["origin"]["module_path"] == ""
+
+
+class _Doubled(torch.autograd.Function):
+    """x * 2, its backward scaled by ``factor`` (B's change)."""
+
+    factor = 1.0
+
+    @staticmethod
+    def forward(ctx: object, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: object, grad: torch.Tensor) -> torch.Tensor:
+        return grad * (2 * _Doubled.factor)
+
+
+class _Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        result: torch.Tensor = _Doubled.apply(self.lin(x))
+        return result
+
+
+def test_a_custom_autograd_functions_backward_is_named_at_the_module_that_called_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def run(path: Path, factor: float) -> Path:
+        monkeypatch.setattr(_Doubled, "factor", factor)
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(_Block(), torch.nn.Linear(4, 1))
+        return record(path, lambda: net(torch.randn(3, 4)).sum().backward())
+
+    a, b = run(tmp_path / "a.trace", 1.0), run(tmp_path / "b.trace", 1.01)
+    origin = detctx.compare_traces(a, b).origin
+    assert origin is not None and origin.backward == "_DoubledBackward"
+    assert origin.module_path == "Sequential.0"  # was "(no module)"
+    assert origin.source.endswith(f"{Path(__file__).name}:{_line_of('grad * (2 *')}")

@@ -268,8 +268,11 @@ class Recorder:
         module_path, source = self.modules.current(), user_line(4)
         if not module_path:
             source = self.outside_modules(outputs, source)
-        if torch.is_grad_enabled():
-            self._pending = (outputs, (module_path, source))
+        # Kept for the op's autograd node, which exists once the op has returned; with
+        # grad off too: inside a custom autograd Function's forward it is, and the tensors
+        # the forward returns get the Function's node when it returns, so its backward ops
+        # are placed at the module that called it.
+        self._pending = (outputs, (module_path, source))
         return module_path, source, ""
 
     def outside_modules(self, outputs: list[torch.Tensor], source: str) -> str:
