@@ -334,7 +334,7 @@ def test_the_whole_rows_shortcut_gives_the_digest_or_declines(dtype: torch.dtype
 def test_the_float32_products_give_the_int8_product_exactly_at_the_extremes(rows: int) -> None:
     # Where the CPU has no int8 dot products, the reduce step multiplies in float32,
     # 1024 bytes a product: every partial sum must stay an integer float32 holds.
-    from detctx._locate import digest as module
+    from detctx._locate import products as module
     from detctx._locate.keys import PUBLIC_KEY
 
     weights = PUBLIC_KEY.weights(0, torch.device("cpu"))
@@ -356,7 +356,7 @@ def test_the_float32_products_give_the_int8_product_exactly_at_the_extremes(rows
 def test_a_large_tensor_has_one_digest_whichever_product_this_cpu_takes(
     floats: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from detctx._locate import digest as module
+    from detctx._locate import products as module
 
     tensor = torch.randn(3, ROW_BYTES + 5, generator=torch.Generator().manual_seed(7))
     chosen = digest(tensor)

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import detctx._compare.align as align_module
+import detctx._compare.matching as matching_module
 from detctx._compare.align import EDITS, GAP_CELLS, Matcher, Partial, align, match
 from detctx._compare.format import INPUT, OP, VALUE, Trace
 
@@ -96,7 +96,7 @@ def count_work(monkeypatch: pytest.MonkeyPatch) -> list[int]:
             total[0] += self.compared
             return found
 
-    monkeypatch.setattr(align_module, "Matcher", Counting)
+    monkeypatch.setattr(matching_module, "Matcher", Counting)
     return total
 
 

@@ -15,7 +15,8 @@ import torch
 
 import detctx
 from detctx._cli import main
-from detctx._compare.sketch import COLUMNS, SIGNS, relative_difference, statistics
+from detctx._compare.sketch import COLUMNS, SIGNS, relative_difference
+from detctx._compare.stacked import statistics
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import across as trace_gpt

@@ -17,8 +17,9 @@ import detctx._compare.recorder as recorder_module
 import detctx._compare.summaries as summaries_module
 from detctx._compare.reading import read_trace
 from detctx._compare.sketch import IN_NUMPY, numpy_values, small_rows
-from detctx._compare.summaries import SMALLEST_COPY, Summaries, spare_core
-from detctx._locate import PUBLIC_KEY, tensor_digest
+from detctx._compare.stacked import staged_digests
+from detctx._compare.summaries import SMALLEST_COPY, spare_core
+from detctx._locate import PUBLIC_KEY, Staging, tensor_digest
 
 
 def _helper(monkeypatch: pytest.MonkeyPatch, on: bool) -> None:
@@ -119,8 +120,7 @@ def test_a_small_output_row_and_digest_are_those_of_the_tensor_itself() -> None:
     arrays = [numpy_values(tensor) for tensor in tensors]
     assert all(array is not None for array in arrays)
     kept = [array for array in arrays if array is not None]
-    summaries = Summaries(None, helper=lambda: False)  # type: ignore[arg-type]
-    digests = summaries._digests(kept)
+    digests = staged_digests(Staging(key=PUBLIC_KEY), kept)
     assert digests == [tensor_digest(tensor, key=PUBLIC_KEY) for tensor in tensors]
     rows = small_rows(kept)
     for tensor, row in zip(tensors, rows):
@@ -285,7 +285,8 @@ def test_a_summary_failing_in_the_programs_thread_leaves_no_op_missing_unseen(
 def test_large_float32_outputs_summarised_together_get_the_rows_they_have_alone() -> None:
     # The helper measures outputs of one size in one stacked product; each row must be
     # the one that output gets by itself, whatever it is stacked with.
-    from detctx._compare.sketch import IN_NUMPY, float_rows, statistics
+    from detctx._compare.sketch import IN_NUMPY
+    from detctx._compare.stacked import float_rows, statistics
 
     generator = torch.Generator().manual_seed(3)
     tensors = [
@@ -321,7 +322,6 @@ def test_large_outputs_copies_digested_together_get_the_digests_they_have_alone(
         torch.randn(5000, dtype=torch.complex64),
     ] * 12  # more than one buffer's rows
     copies = [tensor.clone() for tensor in tensors]
-    summaries = Summaries(None, helper=lambda: False)  # type: ignore[arg-type]
-    assert summaries._digests(copies) == [
+    assert staged_digests(Staging(key=PUBLIC_KEY), copies) == [
         tensor_digest(tensor, key=PUBLIC_KEY) for tensor in tensors
     ]

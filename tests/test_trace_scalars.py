@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import detctx
-from detctx._compare.compare import scalar_difference
 from detctx._compare.reading import read_trace
+from detctx._compare.scalars import scalar_difference
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -20,7 +20,7 @@ import detctx
 from detctx._cli import main
 from detctx._compare.format import TraceWriter
 from detctx._compare.reading import read_trace
-from detctx._compare.sketch import statistics
+from detctx._compare.stacked import statistics
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

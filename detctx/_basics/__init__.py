@@ -56,6 +56,7 @@ from detctx._basics.seeds import (
     validate_seed,
     worker_seed,
 )
+from detctx._basics.steps import STEPS_ENV, parse_steps, steps_text
 from detctx._basics.unrecorded import doing_own_work, own_work
 from detctx._basics.user_warnings import warn_at_user
 
@@ -67,6 +68,7 @@ __all__ = [
     "SCRATCH_LOCK",
     "SCRATCH_PREFIX",
     "SEED_ENV",
+    "STEPS_ENV",
     "CheckpointError",
     "DetctxError",
     "DeterminismUnavailableError",
@@ -99,6 +101,7 @@ __all__ = [
     "open_envelope",
     "own_work",
     "parse_seed",
+    "parse_steps",
     "plain_digest",
     "process_cache",
     "read_entry_note",
@@ -107,6 +110,7 @@ __all__ = [
     "same_float",
     "same_plain",
     "scratch_folder",
+    "steps_text",
     "stream_keys",
     "sweep_scratch",
     "validate_seed",

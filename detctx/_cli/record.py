@@ -38,8 +38,7 @@ import zlib
 from pathlib import Path
 from typing import Any, Final
 
-from detctx._basics import TraceError
-from detctx._basics.steps import STEPS_ENV, parse_steps, steps_text
+from detctx._basics import STEPS_ENV, TraceError, parse_steps, steps_text
 from detctx._cli.locate import recording_shim
 from detctx._cli.signals import (
     GRACE_S,

@@ -36,7 +36,7 @@ from collections.abc import MutableMapping, Sequence
 from pathlib import PurePath
 from typing import Final
 
-from detctx._basics.steps import STEPS_ENV
+from detctx._basics import STEPS_ENV
 from detctx._cli.record import RECORD_ENV, RUN_ENV, SITE_FOLDER
 
 __all__ = ["forget_recording", "is_torch_launcher", "start_from_environment"]

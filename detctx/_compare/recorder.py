@@ -38,10 +38,11 @@ from detctx._compare.collectives import (
 )
 from detctx._compare.format import STATE_OP, TraceWriter
 from detctx._compare.naming import TensorNames
+from detctx._compare.scalars import scalar_arguments
 from detctx._compare.summaries import Summaries, spare_core
 from detctx._locate import Recorder, new_values, op_info
 
-__all__ = ["StatisticsRecorder", "scalar_arguments"]
+__all__ = ["StatisticsRecorder"]
 
 _KEY: Final = "detctx._compare"
 _PASSED_ON: Final = frozenset({"aten::clone", "aten::select_backward", "aten::slice_backward"})
@@ -58,23 +59,6 @@ def _every(issued: dict[int, list[Issued]]) -> list[Issued]:
     """Every collective in ``issued`` once, in the order issued."""
     found = {waiting.number: waiting for waiting in itertools.chain(*issued.values())}
     return [found[number] for number in sorted(found)]
-
-
-_SCALARS: Final = (float, int, bool, complex, str)
-_argument_names: dict[Any, tuple[str, ...]] = {}
-
-
-def scalar_arguments(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-    """The op's arguments that are plain numbers or strings (a norm's ``eps``, dropout's
-    ``p``, an ``alpha``, GELU's ``approximate``), as ``name=value`` joined by ``", "``:
-    what a compare shows and compares beside the values (``""`` for none)."""
-    names = _argument_names.get(func)
-    if names is None:
-        names = _argument_names[func] = tuple(a.name for a in func._schema.arguments)
-    parts = [f"{name}={value!r}" for name, value in zip(names, args) if type(value) in _SCALARS]
-    if kwargs:
-        parts += [f"{name}={value!r}" for name, value in kwargs.items() if type(value) in _SCALARS]
-    return ", ".join(parts)
 
 
 def _key(tensor: torch.Tensor) -> int | None:

@@ -24,8 +24,7 @@ from typing import Final
 
 import torch
 
-from detctx._basics import TraceError
-from detctx._basics.steps import STEPS_ENV, parse_steps
+from detctx._basics import STEPS_ENV, TraceError, parse_steps
 from detctx._compare.environment import environment, rank_and_world
 from detctx._compare.format import COMPLETED, UNSHARED, TraceWriter
 from detctx._compare.recorder import StatisticsRecorder

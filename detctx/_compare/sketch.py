@@ -87,17 +87,24 @@ from detctx._locate import NUMPY_DTYPES
 
 __all__ = [
     "COLUMNS",
+    "FLOATS",
     "FOLDS",
+    "IN_NUMPY",
     "KEY",
+    "SAFE",
     "SIGNS",
     "SKETCH",
+    "SKETCH_AT",
     "STATISTICS",
-    "float_rows",
+    "fill_row",
+    "measure",
     "numpy_values",
     "relative_difference",
+    "scale_of",
+    "sign_folds",
+    "signs_for",
     "sketch_bound",
     "small_rows",
-    "statistics",
 ]
 
 SIGNS: Final = 26
@@ -112,16 +119,14 @@ another key, or another sketch shape, are not compared)."""
 STATISTICS: Final = ("count", "nan", "inf", "min", "max", "mean", "norm")
 """The named statistics, in the order they start a row; the sketch follows."""
 
-_FLOATS: Final = (torch.float32, torch.float64)
+FLOATS: Final = (torch.float32, torch.float64)
 IN_NUMPY: Final = 1 << 13
 """Outputs of at most this many numbers are summarised in NumPy."""
-_SAFE: Final = 40
+SAFE: Final = 40
 """The torch path measures outputs whose largest magnitude is within ``2**-40 .. 2**40``
 as they are, others scaled by a power of two: a float32 sum of squares stays in range."""
 _SAFE_IN_NUMPY: Final = 400
-_S: Final = len(STATISTICS)
-_STACK_BYTES: Final = 16 << 20
-"""Bytes of tensors :func:`float_rows` stacks into one copy, at most (one larger is alone)."""
+SKETCH_AT: Final = len(STATISTICS)
 
 
 def _splitmix(positions: np.ndarray) -> np.ndarray:
@@ -146,7 +151,7 @@ def _signs(capacity: int, dtype: torch.dtype) -> torch.Tensor:
 
 
 @functools.cache
-def _folds() -> np.ndarray:
+def sign_folds() -> np.ndarray:
     """``T``: per repeat, a ``COLUMNS x FOLDS`` matrix of signs (float64)."""
     places = np.arange(SIGNS * COLUMNS * FOLDS, dtype=np.uint64) | (np.uint64(1) << np.uint64(62))
     return _sign_bits(places).reshape(SIGNS, COLUMNS, FOLDS)
@@ -157,7 +162,7 @@ def _capacity(rows: int) -> int:
     return 1 << max(rows - 1, 1).bit_length()
 
 
-def _signs_for(rows: int, dtype: torch.dtype) -> torch.Tensor:
+def signs_for(rows: int, dtype: torch.dtype) -> torch.Tensor:
     return _signs(_capacity(rows), dtype)[:, :rows]
 
 
@@ -168,20 +173,20 @@ def sketch_bound(count: np.ndarray) -> np.ndarray:
     return np.asarray(np.sqrt(np.maximum(padded, 1.0)))
 
 
-def _scale_of(largest: float, safe: int) -> float:
+def scale_of(largest: float, safe: int) -> float:
     """A power of two that brings ``largest`` near 1 when it is outside ``2**±safe``, else 1."""
     if largest == 0.0 or 2.0**-safe <= largest <= 2.0**safe:
         return 1.0
     return math.ldexp(1.0, -min(max(math.frexp(largest)[1], -1000), 1000))
 
 
-def _measure(flat: torch.Tensor) -> np.ndarray:
+def measure(flat: torch.Tensor) -> np.ndarray:
     """The ``SIGNS + 1`` rows of signed column sums (then the plain ones), then min, max,
     norm, as float64."""
     rest = flat.numel() % COLUMNS
     padded = torch.cat([flat, flat.new_zeros(COLUMNS - rest)]) if rest else flat
     matrix = padded.view(-1, COLUMNS)
-    signs = _signs_for(matrix.shape[0], flat.dtype)
+    signs = signs_for(matrix.shape[0], flat.dtype)
     sums = (signs if flat.is_cpu else signs.to(flat.device)) @ matrix
     low, high = torch.aminmax(flat)
     norm = torch.linalg.vector_norm(flat)
@@ -189,129 +194,15 @@ def _measure(flat: torch.Tensor) -> np.ndarray:
     return numbers.numpy().astype(np.float64)
 
 
-def _fill(row: np.ndarray, numbers: np.ndarray, scale: float) -> None:
-    """Mean, norm and norm-divided sketch from :func:`_measure`'s numbers of an output
+def fill_row(row: np.ndarray, numbers: np.ndarray, scale: float) -> None:
+    """Mean, norm and norm-divided sketch from :func:`measure`'s numbers of an output
     multiplied by ``scale`` (a power of two)."""
     sums = numbers[: (SIGNS + 1) * COLUMNS].reshape(SIGNS + 1, COLUMNS)
     norm = float(numbers[-1])
     row[5] = float(sums[SIGNS].sum()) / scale / (row[0] - row[1] - row[2])
     row[6] = norm / scale
     if norm > 0.0:
-        row[_S:] = np.matmul(sums[:SIGNS, None, :], _folds()).reshape(-1) / norm
-
-
-def float_rows(tensors: list[torch.Tensor]) -> list[np.ndarray | None]:
-    """:func:`statistics` rows of contiguous float32 CPU tensors of more than
-    :data:`IN_NUMPY` numbers, many at a time: tensors of one size are stacked and
-    measured together (one product, one ``aminmax``, one norm a size), each row the one
-    the tensor has alone (the batched calls reduce each tensor's numbers by themselves).
-    ``None`` where a tensor needs :func:`statistics` itself (NaN or Inf in it, values
-    outside ``2**±40``, another dtype or layout)."""
-    rows: list[np.ndarray | None] = [None] * len(tensors)
-    sizes: dict[int, list[int]] = {}
-    for index, tensor in enumerate(tensors):
-        if (
-            type(tensor) is torch.Tensor
-            and tensor.dtype == torch.float32
-            and tensor.is_cpu
-            and tensor.is_contiguous()
-            and not tensor.is_conj()
-            and not tensor.is_neg()
-            and tensor.numel() > IN_NUMPY
-        ):
-            sizes.setdefault(tensor.numel(), []).append(index)
-    for count, members in sizes.items():
-        per_stack = max(1, _STACK_BYTES // (4 * count))  # the stack's copy stays bounded
-        for start in range(0, len(members), per_stack):
-            chosen = members[start : start + per_stack]
-            flat = (
-                tensors[chosen[0]].view(1, -1)
-                if len(chosen) == 1
-                else torch.stack([tensors[index].view(-1) for index in chosen])
-            )
-            for index, row in zip(chosen, _stacked_rows(flat)):
-                rows[index] = row
-    return rows
-
-
-def _stacked_rows(flat: torch.Tensor) -> list[np.ndarray | None]:
-    """Rows of each of the ``k`` tensors laid out in ``flat`` (``k x n``, float32)."""
-    k, count = flat.shape
-    rest = count % COLUMNS
-    padded = torch.cat([flat, flat.new_zeros(k, COLUMNS - rest)], dim=1) if rest else flat
-    matrix = padded.view(k, -1, COLUMNS)
-    signs = _signs_for(matrix.shape[1], torch.float32)
-    # One tensor: a plain product (a batch of one costs twice as much); the same sums.
-    sums = (signs @ matrix[0]).unsqueeze(0) if k == 1 else torch.matmul(signs, matrix)
-    # min and max are exact in any order; amin and amax along a dim run some ten times
-    # faster than aminmax along one.
-    low, high = (torch.aminmax(flat[0]) if k == 1 else (flat.amin(dim=1), flat.amax(dim=1)))
-    low, high = low.reshape(k), high.reshape(k)
-    norm = torch.linalg.vector_norm(flat, dim=1)
-    sums_64 = sums.numpy().astype(np.float64)
-    low_64, high_64 = low.numpy().astype(np.float64), high.numpy().astype(np.float64)
-    norm_64 = norm.numpy().astype(np.float64)
-    largest = np.maximum(np.abs(low_64), np.abs(high_64))
-    usable = (
-        np.isfinite(low_64)
-        & np.isfinite(high_64)
-        & ((largest == 0) | ((largest >= 2.0**-_SAFE) & (largest <= 2.0**_SAFE)))
-    )
-    result = np.zeros((k, len(STATISTICS) + SKETCH))
-    result[:, 0] = count
-    result[:, 3], result[:, 4] = low_64, high_64
-    result[:, 5] = sums_64[:, SIGNS].sum(axis=1) / count
-    result[:, 6] = norm_64
-    folded = np.matmul(sums_64[:, :SIGNS, None, :], _folds()[None]).reshape(k, -1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        result[:, _S:] = np.where(norm_64[:, None] > 0, folded / norm_64[:, None], 0.0)
-    return [result[i] if usable[i] else None for i in range(k)]
-
-
-def statistics(tensor: torch.Tensor) -> np.ndarray | None:
-    """The row of :data:`STATISTICS` and the sketch, or ``None`` for a tensor without values
-    to read (meta, sparse, quantized, a subclass)."""
-    if type(tensor) is not torch.Tensor and not isinstance(tensor, torch.nn.Parameter):
-        return None
-    if tensor.layout != torch.strided or tensor.is_quantized or tensor.device.type == "meta":
-        return None
-    values = tensor.detach()
-    if values.is_complex():
-        values = torch.view_as_real(values.resolve_conj())
-    count = values.numel()
-    row = np.zeros(len(STATISTICS) + SKETCH)
-    row[0] = count
-    if count == 0:
-        return row
-    array = numpy_values(tensor)
-    if array is not None:
-        row[:] = small_rows([array])[0]
-        return row
-    if values.dtype not in _FLOATS:
-        values = values.to(torch.float64 if not values.is_floating_point() else torch.float32)
-    flat = values.reshape(-1)
-    if flat.dtype == torch.float32 and flat.is_cpu:
-        (batched,) = float_rows([flat])  # the row it gets when summarised with others
-        if batched is not None:
-            return batched
-    numbers = _measure(flat)
-    low, high = numbers[-3], numbers[-2]
-    if not (math.isfinite(low) and math.isfinite(high)):
-        finite = torch.isfinite(flat)
-        row[1] = int(torch.isnan(flat).sum())
-        row[2] = count - int(finite.sum()) - row[1]
-        if row[1] + row[2] == count:
-            return row  # no finite value: min, max, mean, norm and sketch stay 0
-        flat = torch.where(finite, flat, flat.new_zeros(()))
-        low = float(torch.where(finite, flat, flat.new_full((), math.inf)).min())
-        high = float(torch.where(finite, flat, flat.new_full((), -math.inf)).max())
-        numbers = _measure(flat)
-    row[3], row[4] = low, high
-    scale = _scale_of(max(abs(low), abs(high)), _SAFE)
-    if scale != 1.0:
-        numbers = _measure(flat.to(torch.float64) * scale)
-    _fill(row, numbers, scale)
-    return row
+        row[SKETCH_AT:] = np.matmul(sums[:SIGNS, None, :], sign_folds()).reshape(-1) / norm
 
 
 def small_rows(arrays: list[np.ndarray]) -> np.ndarray:
@@ -341,12 +232,12 @@ def small_rows(arrays: list[np.ndarray]) -> np.ndarray:
     for index in np.flatnonzero(
         (largest > 2.0**_SAFE_IN_NUMPY) | ((largest > 0) & (largest < 2.0**-_SAFE_IN_NUMPY))
     ):
-        scale = _scale_of(float(largest[index]), _SAFE_IN_NUMPY)
+        scale = scale_of(float(largest[index]), _SAFE_IN_NUMPY)
         part = np.where(np.isfinite(parts[index]), parts[index], 0.0).astype(np.float64)
         scaled = _rows(part * scale, np.array([part.size], dtype=np.int64))[0]
         row = result[index]
         row[5], row[6] = scaled[5] / scale, scaled[6] / scale
-        row[_S:] = scaled[_S:]
+        row[SKETCH_AT:] = scaled[SKETCH_AT:]
     return result
 
 
@@ -382,8 +273,8 @@ def _rows(flat: np.ndarray, counts: np.ndarray) -> np.ndarray:
         result[:, 6] = norm
         # A product per array and repeat, so each array's numbers are the ones it has
         # alone (one product over all arrays could sum in another order for another count).
-        folded = np.matmul(sums[:, :SIGNS, None, :], _folds()[None]).reshape(len(counts), -1)
-        result[:, _S:] = folded / np.where(norm > 0, norm, 1.0)[:, None]
+        folded = np.matmul(sums[:, :SIGNS, None, :], sign_folds()[None]).reshape(len(counts), -1)
+        result[:, SKETCH_AT:] = folded / np.where(norm > 0, norm, 1.0)[:, None]
     return result
 
 
@@ -424,6 +315,6 @@ def relative_difference(stats_a: np.ndarray, stats_b: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         share_a = np.where(largest > 0, norm_a / largest, 0.0)
         share_b = np.where(largest > 0, norm_b / largest, 0.0)
-        difference = share_a * stats_a[..., _S:] - share_b * stats_b[..., _S:]
+        difference = share_a * stats_a[..., SKETCH_AT:] - share_b * stats_b[..., SKETCH_AT:]
         squares: np.ndarray = np.einsum("...i,...i->...", difference, difference)
         return np.sqrt(squares / SKETCH)

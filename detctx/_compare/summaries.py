@@ -1,52 +1,33 @@
 """Each recorded op's trace row: its outputs' statistics and digest, written in op order.
 
-An output's statistics and digest read all its bytes four times (the sketch,
-min and max, the norm, the digest): about 0.5 ns a byte of a large float32
-output on one CPU core, some two thirds of a small training step's own time
-(docs/proving.md has the figures). Where the process has a CPU core to spare,
-:class:`Summaries` copies each large CPU output (at least
-:data:`SMALLEST_COPY` bytes; a copy reads it once) and a helper thread
-computes its row while the program runs on. The copy is what keeps this
-exact: nothing the program does afterwards (an in-place op, an optimizer
-step, a collective writing into a gradient, a C extension or NumPy writing
-through the tensor's memory, none of which the dispatcher need see) can
-change what the helper reads, so each row holds the output's values at the
-moment its op returned, as when it is computed in line, and the numbers
-are the same (the same calls on the same bits with the same thread count):
-a trace recorded with the helper is byte for byte the one recorded without.
-The helper also writes every row, in op order.
+An output's statistics and digest read all its bytes four times (the sketch, min and max,
+the norm, the digest), more than a small training step's own time (docs/benchmarks.md).
+Each large CPU output (at least :data:`SMALLEST_COPY` bytes) is copied as its op returns;
+where the process has a CPU core to spare a helper thread computes the rows while the
+program runs on, else the program does every :data:`BATCH_OPS` ops (or
+:data:`HANDOFF_BYTES` of copies). The copy keeps this exact: nothing the program does
+afterwards (an in-place op, an optimizer step, a collective writing into a gradient, NumPy
+or a C extension writing through the memory, none of which the dispatcher need see) changes
+what is read, so each row holds the output's values as its op returned, and a trace
+recorded with the helper is byte for byte the one recorded without. The helper writes
+every row, in op order.
 
-Small CPU outputs (at most :data:`~detctx._compare.sketch.IN_NUMPY` numbers
-of a dtype NumPy reads: most outputs by count) are copied into NumPy as their
-op returns and summarised many at a time, every op waiting for the helper
-together, or every :data:`BATCH_OPS` ops without one
-(:func:`~detctx._compare.sketch.small_rows`, and a
-:class:`~detctx._locate.Staging` buffer for their digests): a few
-microseconds an output instead of tens, and each row and digest is the one
-the output has alone. Large outputs' copies are summarised together too,
-with a helper or without (without one, every :data:`BATCH_OPS` ops or
-:data:`HANDOFF_BYTES` of copies): float32 ones of one size stacked and
-measured at once (:func:`~detctx._compare.sketch.float_rows`), digests of
-those a staging buffer takes made at once; some 50 us an output of 64 KiB
-instead of some 300.
+Outputs are summarised many at a time, each row and digest the one it has alone: small ones
+(at most :data:`~detctx._compare.sketch.IN_NUMPY` numbers a NumPy dtype holds, most
+outputs by count) copied into NumPy (:func:`~detctx._compare.sketch.small_rows`), large
+float32 ones of one size stacked (:mod:`detctx._compare.stacked`), digests in a
+:class:`~detctx._locate.Staging` buffer: a few microseconds a small output, some 50 a
+large one of 64 KiB, instead of tens and hundreds.
 
-A core is spare when this process's CPU affinity holds more cores than
-torch's intra-op threads take, for every local rank (``LOCAL_WORLD_SIZE``,
-as torchrun sets it): ``ranks * (threads + 1) <= cores``. A program that
-gives torch every core gets no helper: two threads would share each core
-and the step would slow. Other outputs on the CPU below
-:data:`SMALLEST_COPY` (bfloat16), outputs on an accelerator (whose work is
-queued on the device) and outputs larger than :data:`LARGEST_COPY` (no
-second copy of a huge tensor) are summarised in line. Copies waiting for
-the helper are bounded by :data:`PENDING_BYTES`, and the ops waiting for it
-(each holds its outputs' small copies, producers and rows to be) by
-:data:`PENDING_OPS`; past either, the program waits: a helper that falls
-behind (a busy machine) slows the program, never grows its memory. Before
-a fork (a DataLoader starting its workers) the recorder has every op put so
-far written, so the child inherits no thread in the middle of a torch call
-and no rows to write. A summary that fails stops the
-program at its next op and leaves the trace cut short, with a helper or
-without.
+A core is spare when this process's CPU affinity holds more cores than torch's intra-op
+threads take, for every local rank (``LOCAL_WORLD_SIZE``): ``ranks * (threads + 1) <=
+cores``. Outputs on an accelerator, of other layouts, and larger than :data:`LARGEST_COPY`
+are summarised in line. Copies waiting for the helper are bounded by :data:`PENDING_BYTES`,
+the ops waiting by :data:`PENDING_OPS`; past either the program waits, so a helper that
+falls behind slows the program and never grows its memory. Before a fork (a DataLoader
+starting its workers) every op put so far is written, so the child inherits no thread in a
+torch call and no rows to write. A summary that fails stops the program at its next op and
+leaves the trace cut short, with a helper or without.
 """
 
 from __future__ import annotations
@@ -65,11 +46,10 @@ from detctx._compare.format import TraceWriter
 from detctx._compare.sketch import (
     SKETCH,
     STATISTICS,
-    float_rows,
     numpy_values,
     small_rows,
-    statistics,
 )
+from detctx._compare.stacked import float_rows, staged_digests, statistics
 from detctx._locate import PUBLIC_KEY, STAGED, Staging, combine_digests, tensor_digest
 
 __all__ = [
@@ -120,7 +100,7 @@ class _Output:
 
     __slots__ = ("array", "copy", "digest", "dtype", "row", "shape", "size")
 
-    def __init__(self, tensor: torch.Tensor, copy: bool) -> None:
+    def __init__(self, tensor: torch.Tensor) -> None:
         self.dtype = tensor.dtype
         self.shape = tuple(tensor.shape)
         self.copy: torch.Tensor | None = None
@@ -130,7 +110,13 @@ class _Output:
         self.size = 0  # bytes of the copies this output holds
         if self.array is not None:
             self.size = self.array.nbytes
-        elif copy:
+        elif (
+            (type(tensor) is torch.Tensor or type(tensor) is torch.nn.Parameter)
+            and tensor.is_cpu
+            and tensor.layout == torch.strided
+            and not tensor.is_quantized
+            and SMALLEST_COPY <= tensor.nbytes <= LARGEST_COPY
+        ):  # summarised with others' later (on the helper, or every BATCH_OPS ops)
             self.copy = tensor.detach().clone(memory_format=torch.contiguous_format)
             self.size = self.copy.nbytes
         else:
@@ -190,7 +176,7 @@ class Summaries:
         helper = self._thread is not None
         if not helper:
             with self._failing():
-                summaries = self._outputs(outputs, True)
+                summaries = self._outputs(outputs)
                 self._batch.append((strings, summaries, inputs, 0))
                 self._batch_bytes += sum(output.size for output in summaries)
                 if len(self._batch) >= BATCH_OPS or self._batch_bytes >= HANDOFF_BYTES:
@@ -198,7 +184,7 @@ class Summaries:
                     self._finish(batch)
             return
         try:
-            summaries = self._outputs(outputs, helper)
+            summaries = self._outputs(outputs)
         except Exception as exc:
             raise self._fail_beside_helper(exc)  # noqa: B904 (its cause is the failure)
         size = sum(output.size for output in summaries)
@@ -308,19 +294,14 @@ class Summaries:
         self.writer.cut()
         return self._failed(failure)
 
-    def _outputs(self, outputs: list[torch.Tensor], helper: bool) -> list[_Output]:
-        summaries = []
-        for tensor in outputs:
-            copy = (
-                helper
-                and (type(tensor) is torch.Tensor or type(tensor) is torch.nn.Parameter)
-                and tensor.is_cpu
-                and tensor.layout == torch.strided
-                and not tensor.is_quantized
-                and SMALLEST_COPY <= tensor.nbytes <= LARGEST_COPY
-            )
-            summaries.append(_Output(tensor, copy))
-        return summaries
+    def _staging_buffer(self) -> Staging:
+        if self._staging is None:
+            self._staging = Staging(key=PUBLIC_KEY)
+        return self._staging
+
+    @staticmethod
+    def _outputs(outputs: list[torch.Tensor]) -> list[_Output]:
+        return [_Output(tensor) for tensor in outputs]
 
     def _ready(self) -> bool:
         """Whether the helper takes what waits now: a batch's worth, or the program waits
@@ -370,7 +351,9 @@ class Summaries:
         arrays = [output.array for output in small if output.array is not None]
         if arrays:
             rows = small_rows(arrays)
-            for output, row, digest in zip(small, rows, self._digests(arrays)):
+            for output, row, digest in zip(
+                small, rows, staged_digests(self._staging_buffer(), arrays)
+            ):
                 output.row, output.digest, output.array = row, digest, None
         # Large outputs' copies: float32 ones of one size measured together, digests of
         # those a staging buffer takes made together; each row and digest its own.
@@ -378,35 +361,16 @@ class Summaries:
         copies = [output.copy for output in copied if output.copy is not None]
         if copies:
             staged = [copy.nbytes <= STAGED for copy in copies]
-            digests = iter(self._digests([c for c, s in zip(copies, staged) if s]))
+            in_buffer = [copy for copy, in_stage in zip(copies, staged) if in_stage]
+            large = iter(staged_digests(self._staging_buffer(), in_buffer))
             for output, copy, row, in_stage in zip(copied, copies, float_rows(copies), staged):
                 output.copy = None
                 output.row = row if row is not None else _row(copy)
                 output.digest = (
-                    next(digests) if in_stage else tensor_digest(copy, key=PUBLIC_KEY) or 0
+                    next(large) if in_stage else tensor_digest(copy, key=PUBLIC_KEY) or 0
                 )
         for strings, outputs, inputs, _ in batch:
             self._write(strings, outputs, inputs)
-
-    def _digests(self, arrays: list[np.ndarray] | list[torch.Tensor]) -> list[int]:
-        """The digests of outputs' copies, many at a time (each the one it has alone)."""
-        if self._staging is None:
-            self._staging = Staging(key=PUBLIC_KEY)
-        staging = self._staging
-        digests: list[int] = []
-        for array in arrays:
-            copy = torch.from_numpy(array) if isinstance(array, np.ndarray) else array
-            if not staging.room_for([copy]):
-                digests.extend(self._take(staging))
-            staging.add(copy, owned=True)  # copies made here, of the outputs
-        digests.extend(self._take(staging))
-        return digests
-
-    @staticmethod
-    def _take(staging: Staging) -> list[int]:
-        high, low = staging.digests()
-        staging.clear()
-        return [(int(first) << 64) | int(second) for first, second in zip(high, low)]
 
     def _write(
         self, strings: _Strings, outputs: list[_Output], inputs: list[tuple[int, int]]

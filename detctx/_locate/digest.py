@@ -66,15 +66,14 @@ digests.
 from __future__ import annotations
 
 import hashlib
-import math
 import struct
-import time
 from typing import Final
 
 import numpy as np
 import torch
 
 from detctx._locate.keys import COLUMNS, ROW_BYTES, WORDS, DigestKey, process_key
+from detctx._locate.products import int_matmul
 
 __all__ = [
     "COLUMNS",
@@ -151,87 +150,6 @@ def layout_halves(dtype: torch.dtype, shape: tuple[int, ...]) -> tuple[int, int]
         code = layout_code(dtype, tuple(shape))
         halves = _halves[key] = (code >> 64, code & _MASK)
     return halves
-
-
-_CHUNK: Final = 1024
-"""Bytes of a row one float32 product sums: ``1024 * 128 * 127 < 2**24``, so every partial
-sum of int8 products is an integer float32 holds exactly, in whatever order it adds."""
-_BLOCK_ROWS: Final = 31
-"""Rows converted to float32 at a time (2 MiB): the temporaries stay in cache."""
-_chunked: dict[int, tuple[torch.Tensor, np.ndarray]] = {}  # id -> the matrix (kept), its floats
-_method: list[bool] = []  # [whether the float32 products beat torch._int_mm], once measured
-
-
-def _float_weights(weights: torch.Tensor) -> np.ndarray:
-    """``weights`` as float32, cut into ``_CHUNK``-row blocks (made once per matrix)."""
-    known = _chunked.get(id(weights))
-    if known is not None and known[0] is weights:
-        return known[1]
-    rows, columns = weights.shape
-    found = weights.to(torch.float32).numpy().reshape(rows // _CHUNK, _CHUNK, columns)
-    if len(_chunked) >= 16:  # a key's matrices live as long as the key; keys are few
-        _chunked.clear()
-    _chunked[id(weights)] = (weights, found)
-    return found
-
-
-def _float_product(rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """``rows @ weights`` of int8 CPU operands through float32 products of ``_CHUNK`` bytes,
-    each exact, summed in int32: the same sums as ``torch._int_mm``. Where the CPU has no
-    int8 dot-product instructions (no VNNI) torch's int8 product reads some 0.17 GB/s,
-    this some 2.4 GB/s (one core)."""
-    chunked = _float_weights(weights)
-    chunks = chunked.shape[0]
-    total = np.zeros((rows.shape[0], chunked.shape[2]), dtype=np.int32)
-    for start in range(0, rows.shape[0], _BLOCK_ROWS):
-        # torch converts (a copy of its own); NumPy multiplies (its BLAS is the faster
-        # on these narrow products) and never sees the program's memory.
-        block = rows[start : start + _BLOCK_ROWS].to(torch.float32).numpy()
-        block = block.reshape(block.shape[0], chunks, _CHUNK).transpose(1, 0, 2)
-        products = np.matmul(block, chunked)  # a product per chunk, each exact
-        total[start : start + _BLOCK_ROWS] = products.astype(np.int32).sum(axis=0)
-    return torch.from_numpy(total)
-
-
-def _floats_are_faster() -> bool:
-    """Whether :func:`_float_product` beats ``torch._int_mm`` on this CPU, timed once on
-    32 rows (both give the same sums, so the choice changes only the time taken)."""
-    if not _method:
-        probe = torch.zeros(32, ROW_BYTES, dtype=torch.int8)
-        weights = torch.ones(ROW_BYTES, COLUMNS, dtype=torch.int8)
-        timings = []
-        for floats in (True, False):
-            best = math.inf
-            for _ in range(3):
-                started = time.perf_counter()
-                try:
-                    _float_product(probe, weights) if floats else torch._int_mm(probe, weights)
-                except (AttributeError, RuntimeError):
-                    if floats:
-                        raise
-                    break  # torch before 2.2 has no int8 product on the CPU
-                best = min(best, time.perf_counter() - started)
-            timings.append(best)
-        _method.append(timings[0] <= timings[1])
-    return _method[0]
-
-
-def int_matmul(rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """``rows @ weights`` for int8 operands, exact, as int32."""
-    try:
-        if (
-            rows.is_cpu
-            and weights.is_cpu
-            and weights.shape[0] % _CHUNK == 0
-            and _floats_are_faster()
-        ):
-            return _float_product(rows, weights)
-        return torch._int_mm(rows, weights)
-    except (AttributeError, RuntimeError):
-        # torch before 2.2 on the CPU, or a device without int8 products (CUDA takes
-        # more than 16 rows only). Sums stay below 8192 * 128 * 128 = 2**27: exact in
-        # float64 on every device.
-        return (rows.to(torch.float64) @ weights.to(torch.float64)).to(torch.int32)
 
 
 def _reduce(data: torch.Tensor, stage: int, key: DigestKey) -> torch.Tensor:
