@@ -186,3 +186,22 @@ def test_detctx_record_records_the_window_it_is_given(tmp_path: Path) -> None:
     )
     assert refused.returncode == 2 and "0 <= A < B" in refused.stderr
     assert not (tmp_path / "x.trace").exists()
+    late = subprocess.run(
+        [
+            *detctx_command,
+            "--steps",
+            "10:12",
+            "-o",
+            str(tmp_path / "late.trace"),
+            "--",
+            sys.executable,
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert late.returncode == 2
+    assert "the window of steps 10:12 never opened" in late.stderr
+    assert "fewer than 10 optimizer steps" in late.stderr

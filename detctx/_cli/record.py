@@ -168,7 +168,14 @@ def record(path: Path, command: list[str], steps: tuple[int, int] | None = None)
         return 2
     if empty:
         sys.stderr.write(f"detctx: error: {written}, but {', '.join(empty)} holds no op: ")
-        sys.stderr.write(_UNRECORDED + "\n")
+        if steps is not None:
+            sys.stderr.write(
+                f"the window of steps {steps_text(steps)} never opened: the command completed "
+                f"fewer than {steps[0]} optimizer steps (optimizer.step() calls) in the "
+                "process recorded\n"
+            )
+        else:
+            sys.stderr.write(_UNRECORDED + "\n")
         return 2
     print(written)
     return 0
