@@ -205,3 +205,53 @@ def test_detctx_record_records_the_window_it_is_given(tmp_path: Path) -> None:
     assert late.returncode == 2
     assert "the window of steps 10:12 never opened" in late.stderr
     assert "fewer than 10 optimizer steps" in late.stderr
+
+
+FSDP2_WINDOW = """
+import os, socket, sys, torch, torch.distributed as dist
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+dist.init_process_group("gloo", rank=0, world_size=1)
+from torch.distributed.fsdp import fully_shard
+import detctx
+from detctx._compare.reading import read_trace
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+fully_shard(net)
+optimiser = torch.optim.AdamW(net.parameters(), lr=1e-2)
+with detctx.recording(sys.argv[1], steps="1:2"):
+    for _ in range(3):
+        optimiser.zero_grad()
+        net(torch.randn(2, 4)).sum().backward()
+        optimiser.step()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_a_window_of_an_fsdp2_run_starts_from_its_sharded_state_named(tmp_path: Path) -> None:
+    fully_shard = getattr(torch.distributed, "fsdp", None)
+    if fully_shard is None or not hasattr(fully_shard, "fully_shard"):
+        pytest.skip("this torch has no FSDP2 (torch.distributed.fsdp.fully_shard)")
+    script = tmp_path / "fsdp2.py"
+    script.write_text(FSDP2_WINDOW)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "w.trace")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr
+    trace = read_trace(tmp_path / "w.trace")
+    state = [
+        trace.text(source)
+        for op, source in trace.ops[["op", "source"]]
+        if trace.text(op) == STATE_OP
+    ]
+    # The DTensor parameters (each rank's shard) and AdamW's state named after them.
+    assert "[parameter FSDPSequential.0.weight]" in state
+    assert "[FSDPSequential.2.bias: exp_avg_sq]" in state and len(state) == 4 + 4 * 3

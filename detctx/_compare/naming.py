@@ -26,8 +26,9 @@ __all__ = ["TensorNames"]
 
 
 def _memory(tensor: Any) -> int | None:
+    tensor = getattr(tensor, "_local_tensor", tensor)  # a DTensor: its shard's memory
     if type(tensor) is not torch.Tensor and not isinstance(tensor, torch.nn.Parameter):
-        return None  # a DTensor or another subclass: its local shard is not this memory
+        return None  # another subclass: its memory is not the storage it reports
     try:
         pointer = tensor.untyped_storage().data_ptr()
     except (RuntimeError, NotImplementedError):
@@ -72,10 +73,13 @@ class TensorNames:
         found: list[tuple[str, str, torch.Tensor]] = []
         taken: set[int] = set()
 
+        named: dict[int, str] = {}  # the parameters' names as the modules hold them now
+
         def take(path: str, name: str, tensor: Any) -> None:
             key = _memory(tensor)
             if key is not None and key not in taken:
                 taken.add(key)
+                named[key] = name
                 found.append((path, name, tensor.detach()))
 
         for path, held in list(self._seen.values()):
@@ -94,10 +98,10 @@ class TensorNames:
             for group in optimizer.param_groups:
                 for index, parameter in enumerate(group["params"]):
                     key = _memory(parameter)
-                    named = self._names.get(key) if key is not None else None
+                    known = (named.get(key) or self._names.get(key)) if key is not None else None
                     owner = (
-                        named.removeprefix("parameter ")
-                        if named
+                        known.removeprefix("parameter ")
+                        if known
                         else f"optimizer {number} parameter {index}"
                     )
                     entries = optimizer.state.get(parameter, {})
