@@ -116,7 +116,9 @@ def difflib_align(a: Trace, b: Trace) -> Alignment:
     partner = np.full(len(b), -1, dtype=np.int64)
     if names_a == names_b and modules_a == modules_b:
         partner[:] = np.arange(len(b))
-        return Alignment(partner, [], [], [])
+        return Alignment(
+            partner, [], [], [], np.zeros(len(a), bool), np.zeros(len(b), bool), (len(a), len(b))
+        )
     keys_a, starts_a = segments(a, modules_a)
     keys_b, starts_b = segments(b, modules_b)
     merged: dict[tuple[str, bool], Partial] = {}
@@ -148,7 +150,16 @@ def difflib_align(a: Trace, b: Trace) -> Alignment:
             )
     missing_a = sorted({keys_a[i][0] for i in range(len(keys_a)) if i not in seen_a})
     missing_b = sorted({keys_b[i][0] for i in range(len(keys_b)) if i not in seen_b})
-    return Alignment(partner, list(merged.values()), missing_a, missing_b)
+    paired = int((partner >= 0).sum())
+    return Alignment(
+        partner,
+        list(merged.values()),
+        missing_a,
+        missing_b,
+        np.zeros(len(a), dtype=bool),  # the alignment before had no rule for fused modules
+        np.zeros(len(b), dtype=bool),
+        (paired, paired),
+    )
 
 
 @contextmanager
