@@ -172,7 +172,8 @@ def record(path: Path, command: list[str], steps: tuple[int, int] | None = None)
             sys.stderr.write(
                 f"the window of steps {steps_text(steps)} never opened: the command completed "
                 f"fewer than {steps[0]} optimizer steps (optimizer.step() calls) in the "
-                "process recorded\n"
+                "process recorded (or, on torch 2.1, torch.compile ran first: TorchDynamo then "
+                "stops torch's global optimizer step hooks, which count the steps)\n"
             )
         else:
             sys.stderr.write(_UNRECORDED + "\n")
