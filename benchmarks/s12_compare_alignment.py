@@ -116,9 +116,7 @@ def difflib_align(a: Trace, b: Trace) -> Alignment:
     partner = np.full(len(b), -1, dtype=np.int64)
     if names_a == names_b and modules_a == modules_b:
         partner[:] = np.arange(len(b))
-        return Alignment(
-            partner, [], [], [], np.zeros(len(a), bool), np.zeros(len(b), bool), (len(a), len(b))
-        )
+        return Alignment(partner, [], [], [], [], (len(a), len(b)))
     keys_a, starts_a = segments(a, modules_a)
     keys_b, starts_b = segments(b, modules_b)
     merged: dict[tuple[str, bool], Partial] = {}
@@ -156,8 +154,7 @@ def difflib_align(a: Trace, b: Trace) -> Alignment:
         list(merged.values()),
         missing_a,
         missing_b,
-        np.zeros(len(a), dtype=bool),  # the alignment before had no rule for fused modules
-        np.zeros(len(b), dtype=bool),
+        [],  # the alignment before had no rule for fused modules
         (paired, paired),
     )
 

@@ -84,3 +84,37 @@ def test_a_change_inside_the_fused_module_is_named_at_the_module(
     origin = detctx.compare_traces(fused, changed).origin
     assert origin is not None and origin.module_path == "Tagger.lstm"
     assert origin.input_error == 0
+
+
+class Padded(torch.nn.Module):
+    """A layer that, with ``extra``, also computes ten things nobody reads."""
+
+    def __init__(self, extra: bool) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(8, 8))
+        self.extra = extra
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.nn.functional.linear(x, self.weight)  # in this module's own segment
+        if self.extra:
+            for k in range(10):
+                _ = (y * (k + 2)).sum()  # dead: its value reaches nothing
+        return y
+
+
+def test_ops_one_side_adds_whose_values_nothing_reads_still_differ(tmp_path: Path) -> None:
+    # B's module runs more than FUSED times A's ops, as a fused kernel's parts would; but
+    # only B leaves values nobody reads there: a different program, not noise.
+    def run_padded(path: Path, extra: bool) -> Path:
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(Padded(extra), torch.nn.ReLU())
+        with detctx.recording(path):
+            net(torch.randn(4, 8)).sum().backward()
+        return path
+
+    a = run_padded(tmp_path / "a.trace", extra=False)
+    b = run_padded(tmp_path / "b.trace", extra=True)
+    result = detctx.compare_traces(a, b)
+    assert not result.agree
+    assert [entry.trace for entry in result.unpaired] == ["B"] * len(result.unpaired)
+    assert sum(entry.ops for entry in result.unpaired) >= 10

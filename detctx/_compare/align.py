@@ -64,8 +64,9 @@ class Alignment:
     partial: list[Partial]
     unmatched_modules_a: list[str]
     unmatched_modules_b: list[str]
-    fused_a: np.ndarray  # per op of A: in a module B runs as a fused kernel's parts, or the
-    fused_b: np.ndarray  # other way round (see FUSED); per op of B likewise
+    fused: list[tuple[int, int, int, int]]
+    """Each pair of segments run as a fused kernel on one side and as its parts on the other
+    (see :data:`FUSED`): ``(start in A, end in A, start in B, end in B)``."""
     covered: tuple[int, int] = (0, 0)
     """The ops of A and of B paired, or in a module (and pass) whose ops differ between the
     two (another kernel's, a fused kernel's parts): the program both traces record."""
@@ -121,9 +122,7 @@ def align(a: Trace, b: Trace) -> Alignment:
     partner = np.full(len(b), -1, dtype=np.int64)
     if np.array_equal(ops_a, ops_b) and np.array_equal(keys_a, keys_b):
         partner[:] = np.arange(len(b))
-        return Alignment(
-            partner, [], [], [], np.zeros(len(a), bool), np.zeros(len(b), bool), (len(a), len(b))
-        )
+        return Alignment(partner, [], [], [], [], (len(a), len(b)))
     starts_a, starts_b = _segments(keys_a), _segments(keys_b)
     segment_a, segment_b = match(keys_a[starts_a[:-1]], keys_b[starts_b[:-1]])
     low_a, size_a = starts_a[segment_a], np.diff(starts_a)[segment_a]
@@ -145,7 +144,7 @@ def align(a: Trace, b: Trace) -> Alignment:
     # same names, and by name alone a query's op paired with a key's (GQA: [4, 4, 32, 32]
     # against [4, 2, 32, 32]), a shape difference no program made.
     shaped_a, shaped_b = _shaped(a, ops_a, table), _shaped(b, ops_b, table)
-    fused_a, fused_b = np.zeros(len(a), dtype=bool), np.zeros(len(b), dtype=bool)
+    fused: list[tuple[int, int, int, int]] = []
     for pair in np.flatnonzero(~same):
         lo_a, hi_a = int(low_a[pair]), int(low_a[pair] + size_a[pair])
         lo_b, hi_b = int(low_b[pair]), int(low_b[pair] + size_b[pair])
@@ -164,8 +163,7 @@ def align(a: Trace, b: Trace) -> Alignment:
                 ends = 0  # two of them share a name and shape: which is which is not known
             inner_a = np.arange(hi_a - lo_a - ends, hi_a - lo_a, dtype=np.int64)
             inner_b = np.arange(hi_b - lo_b - ends, hi_b - lo_b, dtype=np.int64)
-            fused_a[lo_a:hi_a] = True
-            fused_b[lo_b:hi_b] = True
+            fused.append((lo_a, hi_a, lo_b, hi_b))
         else:
             inner_a, inner_b = match(shaped_a[lo_a:hi_a], shaped_b[lo_b:hi_b])
         partner[lo_b + inner_b] = lo_a + inner_a
@@ -194,8 +192,7 @@ def align(a: Trace, b: Trace) -> Alignment:
         _merge(partial),
         _unmatched(keys_a, starts_a, segment_a, names),
         _unmatched(keys_b, starts_b, segment_b, names),
-        fused_a,
-        fused_b,
+        fused,
         covered,
     )
 
