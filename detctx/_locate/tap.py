@@ -11,6 +11,7 @@ mode, the module tracker, where an op ran, and the fork story.
 
 from __future__ import annotations
 
+import abc
 import functools
 import os
 import threading
@@ -112,7 +113,7 @@ if hasattr(os, "register_at_fork"):  # not on Windows
     os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 
 
-class Recorder:
+class Recorder(abc.ABC):
     """The one op recorder: ``locate_divergence``, ``detctx run --locate``,
     ``detctx.recording`` and ``detctx record`` all record through it.
 
@@ -178,21 +179,24 @@ class Recorder:
         if mode is not None and self.thread == threading.get_ident():
             mode.__exit__(None, None, None)
 
-    def before_fork(self) -> None:
+    def before_fork(self) -> None:  # noqa: B027 (optional: most recorders need nothing)
         """Called before this process forks while recording."""
 
-    def _opened(self) -> None:
+    def _opened(self) -> None:  # noqa: B027 (optional: most recorders need nothing)
         """Once the module tracker runs, before the mode is entered."""
 
+    @abc.abstractmethod
     def _close(self) -> None:
         """After the mode is left (or could not be entered): hand over or write what is
         left."""
 
+    @abc.abstractmethod
     def _forget(self) -> None:
         """In a forked child: drop what is kept, write nothing."""
 
+    @abc.abstractmethod
     def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        raise NotImplementedError
+        """What the recorder does with one op (and returns its result): the subclass's."""
 
     def annotate(self) -> None:
         """Keep the place of the last forward op in the autograd nodes of its outputs (made
