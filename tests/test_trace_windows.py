@@ -179,53 +179,37 @@ def test_detctx_record_records_the_window_it_is_given(tmp_path: Path) -> None:
         )
     )
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-    detctx_command = [sys.executable, "-m", "detctx", "record"]
-    done = subprocess.run(
-        [
-            *detctx_command,
-            "--steps",
-            "2:3",
-            "-o",
-            str(tmp_path / "w.trace"),
-            "--",
-            sys.executable,
-            str(script),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+
+    def record_steps(steps: str, name: str, *command: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "detctx",
+                "record",
+                "--steps",
+                steps,
+                "-o",
+                str(tmp_path / name),
+                "--",
+                *command,
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+
+    done = record_steps("2:3", "w.trace", sys.executable, str(script))
     assert done.returncode == 0, done.stderr
     trace = read_trace(tmp_path / "w.trace")
     names = [trace.text(number) for number in trace.ops["op"]]
     assert names[:2] == [STATE_OP, STATE_OP]  # the weight and the bias entering step 2
     assert STATE_OP not in names[2:] and len(names) > 2
-    refused = subprocess.run(
-        [*detctx_command, "--steps", "5", "-o", str(tmp_path / "x.trace"), "--", "true"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
+    refused = record_steps("5", "x.trace", "true")
     assert refused.returncode == 2 and "0 <= A < B" in refused.stderr
     assert not (tmp_path / "x.trace").exists()
-    late = subprocess.run(
-        [
-            *detctx_command,
-            "--steps",
-            "10:12",
-            "-o",
-            str(tmp_path / "late.trace"),
-            "--",
-            sys.executable,
-            str(script),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    late = record_steps("10:12", "late.trace", sys.executable, str(script))
     assert late.returncode == 2
     assert "the window of steps 10:12 never opened" in late.stderr
     assert "fewer than 10 optimizer steps" in late.stderr
