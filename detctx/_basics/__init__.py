@@ -26,6 +26,13 @@ from detctx._basics.errors import (
     TraceError,
     UndeclaredStreamError,
 )
+from detctx._basics.portable_seed import (
+    MAX_PORTABLE_SEED,
+    PORTABLE_ENV,
+    parse_portable,
+    portable_seed,
+    portable_text,
+)
 from detctx._basics.run_notes import NOTES_ENV, EntryNote, note_entry, read_entry_note
 from detctx._basics.scratch import (
     SCRATCH_LOCK,
@@ -45,6 +52,7 @@ from detctx._basics.seeds import (
     group_seed,
     indexed_seed,
     indexed_seeds,
+    indexed_words,
     loader_seed,
     megatron_stage_seed,
     megatron_tracker_seeds,
@@ -63,8 +71,10 @@ from detctx._basics.user_warnings import warn_at_user
 __all__ = [
     "CAUSES_OF_A_DIFFERENT_START",
     "DEFAULT_SEED",
+    "MAX_PORTABLE_SEED",
     "MAX_SEED",
     "NOTES_ENV",
+    "PORTABLE_ENV",
     "SCRATCH_LOCK",
     "SCRATCH_PREFIX",
     "SEED_ENV",
@@ -91,6 +101,7 @@ __all__ = [
     "group_seed",
     "indexed_seed",
     "indexed_seeds",
+    "indexed_words",
     "loader_seed",
     "megatron_stage_seed",
     "megatron_tracker_seeds",
@@ -100,9 +111,12 @@ __all__ = [
     "note_entry",
     "open_envelope",
     "own_work",
+    "parse_portable",
     "parse_seed",
     "parse_steps",
     "plain_digest",
+    "portable_seed",
+    "portable_text",
     "process_cache",
     "read_entry_note",
     "reset_caches",

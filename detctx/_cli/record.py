@@ -38,7 +38,15 @@ import zlib
 from pathlib import Path
 from typing import Any, Final
 
-from detctx._basics import STEPS_ENV, TraceError, parse_steps, steps_text
+from detctx._basics import (
+    PORTABLE_ENV,
+    STEPS_ENV,
+    TraceError,
+    parse_portable,
+    parse_steps,
+    portable_text,
+    steps_text,
+)
 from detctx._cli.locate import recording_shim
 from detctx._cli.signals import (
     GRACE_S,
@@ -107,8 +115,19 @@ def _replace_earlier(path: Path) -> None:
             old.unlink(missing_ok=True)
 
 
-def record(path: Path, command: list[str], steps: tuple[int, int] | None = None) -> int:
+def record(
+    path: Path,
+    command: list[str],
+    steps: tuple[int, int] | None = None,
+    *,
+    portable_random: int | bool | None = None,
+) -> int:
     """Run ``command`` once, recording into ``path``; the exit status of ``detctx record``.
+
+    ``steps``: the window of optimizer steps recorded; ``portable_random``: ``True`` or a
+    seed, every random op drawn portably (:func:`detctx.recording`'s options, handed to
+    the recording processes in ``$DETCTX_RECORD_STEPS`` and
+    ``$DETCTX_RECORD_PORTABLE_RANDOM``).
 
     Raises ``KeyboardInterrupt`` or :class:`~detctx._cli.signals.Stopped` when
     ``detctx record`` is stopped, once the command is and nothing was written.
@@ -127,6 +146,8 @@ def record(path: Path, command: list[str], steps: tuple[int, int] | None = None)
         env[RUN_ENV] = secrets.token_hex(16)
         if steps is not None:
             env[STEPS_ENV] = steps_text(steps)
+        if portable_random is not None and portable_random is not False:
+            env[PORTABLE_ENV] = portable_text(portable_random)
         rest = env.get("PYTHONPATH", "")
         env["PYTHONPATH"] = str(site) + (os.pathsep + rest if rest else "")
         sys.stderr.write(f"detctx record: {' '.join(command)}\n")
@@ -275,12 +296,19 @@ def _window(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _portable(text: str) -> int | bool:
+    try:
+        return parse_portable(text, "--portable-random")
+    except TraceError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_arguments(commands: Any, compare: argparse.ArgumentParser) -> None:
     """``detctx record``, and ``compare``'s options for traces."""
     parser = commands.add_parser(
         "record",
         help="run a command once, recording every op's statistics for detctx compare",
-        usage="detctx record -o PATH [--steps A:B] -- CMD ...",
+        usage="detctx record -o PATH [--steps A:B] [--portable-random [SEED]] -- CMD ...",
     )
     parser.add_argument(
         "-o",
@@ -296,6 +324,19 @@ def add_arguments(commands: Any, compare: argparse.ArgumentParser) -> None:
         metavar="A:B",
         help="record only optimizer steps A to B-1 (counted as optimizer.step() calls "
         "complete), after the state step A starts from",
+    )
+    parser.add_argument(
+        "--portable-random",
+        nargs="?",
+        const=True,
+        type=_portable,
+        metavar="SEED",
+        help="draw every random op (dropout's masks, randn, randint, ...) from a generator "
+        "that gives the same bits on every device and torch release, keyed by SEED (an "
+        "integer in [0, 2**64); alone: torch.initial_seed() as recording starts, torch's "
+        "default seed), so two environments draw the same and the compare sees past them. "
+        "The run draws other numbers than without it; random ops it does not cover "
+        "(multinomial, poisson, ...) stop the run with an error",
     )
     parser.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
     parser.set_defaults(command_parser=parser)
@@ -320,7 +361,7 @@ def dispatch(args: argparse.Namespace) -> int | None:
                 "record needs a command after --, e.g. detctx record "
                 "-o run.trace -- python train.py"
             )
-        return record(args.output, command, args.steps)
+        return record(args.output, command, args.steps, portable_random=args.portable_random)
     traces = [looks_like_trace(path) for path in args.logs]
     if any(traces):
         if not all(traces):

@@ -13,7 +13,8 @@ The ``sitecustomize`` that ``detctx record`` puts on ``PYTHONPATH`` calls
   yet (:func:`detctx._compare.start_from_environment`).
 
 Every process but the launcher then takes ``$DETCTX_RECORD_DIR``,
-``$DETCTX_RECORD_RUN`` (read as the recording starts) and the shim's entry on
+``$DETCTX_RECORD_RUN``, ``$DETCTX_RECORD_STEPS`` and
+``$DETCTX_RECORD_PORTABLE_RANDOM`` (read as the recording starts) and the shim's entry on
 ``PYTHONPATH`` out of its environment, as ``detctx run --locate`` does
 (:mod:`detctx._locate.child`): what it starts later (a helper script, a
 DataLoader worker started with ``spawn``, another program) neither records
@@ -36,7 +37,7 @@ from collections.abc import MutableMapping, Sequence
 from pathlib import PurePath
 from typing import Final
 
-from detctx._basics import STEPS_ENV
+from detctx._basics import PORTABLE_ENV, STEPS_ENV
 from detctx._cli.record import RECORD_ENV, RUN_ENV, SITE_FOLDER
 
 __all__ = ["forget_recording", "is_torch_launcher", "start_from_environment"]
@@ -74,11 +75,12 @@ def _is_rank(env: MutableMapping[str, str]) -> tuple[int, int] | None:
 
 
 def forget_recording(env: MutableMapping[str, str]) -> None:
-    """Take ``$DETCTX_RECORD_DIR``, ``$DETCTX_RECORD_RUN``, ``$DETCTX_RECORD_STEPS`` and the
-    shim's entry on ``PYTHONPATH`` out of ``env`` (``PYTHONPATH`` removed when nothing else
-    was on it)."""
+    """Take ``$DETCTX_RECORD_DIR``, ``$DETCTX_RECORD_RUN``, ``$DETCTX_RECORD_STEPS``,
+    ``$DETCTX_RECORD_PORTABLE_RANDOM`` and the shim's entry on ``PYTHONPATH`` out of ``env``
+    (``PYTHONPATH`` removed when nothing else was on it)."""
     env.pop(RUN_ENV, None)
     env.pop(STEPS_ENV, None)
+    env.pop(PORTABLE_ENV, None)
     folder = env.pop(RECORD_ENV, None)
     if not folder or "PYTHONPATH" not in env:
         return

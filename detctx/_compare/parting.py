@@ -12,7 +12,8 @@ random op fills in place is written, not read, and does not count); data no
 recorded op made (parameters from before the recording, the batch) is not
 known to be equal, so an op reading it is never said to be where the bits
 part. A random op whose inputs agree and whose draws do not is named as
-such: its generator draws other numbers (another torch release or device).
+such: its generator draws other numbers (another torch release or device), and
+the advice points at portable draws (:mod:`detctx._compare.portable`).
 """
 
 from __future__ import annotations
@@ -28,8 +29,11 @@ __all__ = ["RANDOM_ADVICE", "bits_part", "random_op"]
 
 RANDOM_ADVICE = (
     "a random op whose inputs are the same bits: the generators draw differently (each "
-    "torch release and device draws its own numbers from one seed); compare runs of one "
-    "release and device there, or with the run's random ops off"
+    "torch release and device draws its own numbers from one seed); record both runs with "
+    "one portable seed (detctx record --portable-random SEED, detctx.recording(..., "
+    "portable_random=SEED)) so that they draw the same, or compare runs of one release and "
+    "device there (two portable recordings draw differently only with other seeds, or "
+    "where one ran other random ops before)"
 )
 
 

@@ -38,6 +38,7 @@ from detctx._compare.collectives import (
 )
 from detctx._compare.format import STATE_OP, TraceWriter
 from detctx._compare.naming import TensorNames
+from detctx._compare.portable import PortableRandom
 from detctx._compare.scalars import scalar_arguments
 from detctx._compare.summaries import Summaries, spare_core
 from detctx._locate import Recorder, new_values, op_info
@@ -72,13 +73,22 @@ def _key(tensor: torch.Tensor) -> int | None:
 class StatisticsRecorder(Recorder):
     """Records ops into ``writer`` between :meth:`start` and :meth:`stop`; with ``steps``
     ``(A, B)``, only the ops of optimizer steps ``A`` to ``B - 1``, the state entering step
-    ``A`` first (see :mod:`detctx._basics.steps`)."""
+    ``A`` first (see :mod:`detctx._basics.steps`). With ``portable``, every random op of the
+    program, recorded or not (outside the window too), draws from it
+    (:mod:`detctx._compare.portable`)."""
 
     KEY = _KEY
 
-    def __init__(self, writer: TraceWriter, steps: tuple[int, int] | None = None) -> None:
+    def __init__(
+        self,
+        writer: TraceWriter,
+        steps: tuple[int, int] | None = None,
+        *,
+        portable: PortableRandom | None = None,
+    ) -> None:
         super().__init__()
         self.writer = writer
+        self.portable = portable
         self.names = TensorNames(self.modules)
         self.count = 0
         self.window = steps
@@ -156,8 +166,11 @@ class StatisticsRecorder(Recorder):
     def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if not self._inside or doing_own_work():
             # Outside the window of steps, or detctx's own work (agreements between
-            # ranks, the copies of a window's entering state): not recorded.
-            return func(*args, **kwargs)
+            # ranks, the copies of a window's entering state): not recorded. The program's
+            # random ops still draw portably, so both runs enter the window alike.
+            if self.portable is None or doing_own_work():
+                return func(*args, **kwargs)
+            return self.portable.call(func, args, kwargs)
         info = op_info(func)
         if self._pending is not None:
             self.annotate()
@@ -174,7 +187,10 @@ class StatisticsRecorder(Recorder):
             self._pass_on(func, info.name, read, plain_tensors([result]))
             return result
         inputs = [self._producer(tensor) for tensor in read]
-        result = info.call(*args, **kwargs)
+        if self.portable is not None and self.portable.handles(func):
+            result = self.portable.call(func, args, kwargs)
+        else:
+            result = info.call(*args, **kwargs)
         outputs = new_values(info, args, kwargs, result)
         if not outputs:
             return result

@@ -24,9 +24,17 @@ from typing import Final
 
 import torch
 
-from detctx._basics import STEPS_ENV, TraceError, parse_steps
+from detctx._basics import (
+    PORTABLE_ENV,
+    STEPS_ENV,
+    TraceError,
+    parse_portable,
+    parse_steps,
+    portable_seed,
+)
 from detctx._compare.environment import environment, rank_and_world
 from detctx._compare.format import COMPLETED, UNSHARED, TraceWriter
+from detctx._compare.portable import PortableRandom
 from detctx._compare.recorder import StatisticsRecorder
 from detctx._locate import record_until_exit
 
@@ -94,11 +102,26 @@ def _from_group_store(world: int) -> str | None:
     return text if _well_formed(text) else None
 
 
-def _open(path: Path, rank: int, world: int, run: str) -> TraceWriter:
+def _open(path: Path, rank: int, world: int, run: str, seed: int | None) -> TraceWriter:
+    # A portable seed is part of the environment: two recordings that draw their random
+    # ops otherwise (one portable, one not; two seeds) say so among its differences.
+    portable = {} if seed is None else {"portable_random": seed}
     return TraceWriter(
         path,
-        lambda: {"environment": environment(), "rank": rank, "run": run, "world_size": world},
+        lambda: {
+            "environment": {**environment(), **portable},
+            "rank": rank,
+            "run": run,
+            "world_size": world,
+        },
     )
+
+
+def _recorder(
+    writer: TraceWriter, window: tuple[int, int] | None, seed: int | None
+) -> StatisticsRecorder:
+    portable = None if seed is None else PortableRandom(seed)
+    return StatisticsRecorder(writer, window, portable=portable)
 
 
 def _outcome(error: BaseException) -> str:
@@ -124,7 +147,9 @@ def trace_path(path: str | os.PathLike[str]) -> Path:
 
 
 @contextlib.contextmanager
-def recording(path: str | os.PathLike[str], *, steps: object = None) -> Iterator[Path]:
+def recording(
+    path: str | os.PathLike[str], *, steps: object = None, portable_random: bool | int | None = None
+) -> Iterator[Path]:
     """Record every op run inside the block, with statistics, into the trace at ``path``.
 
     ``detctx compare`` (or :func:`detctx.compare_traces`) then compares it with a trace
@@ -139,16 +164,30 @@ def recording(path: str | os.PathLike[str], *, steps: object = None) -> Iterator
     the modules called so far and each tensor of the optimizers' state. Two windows
     that start from different states differ there, and the compare says so.
 
+    ``portable_random``: ``True`` or a seed in ``[0, 2**64)`` makes every random op in
+    the block (dropout's masks, ``randn``, ``randint``, ...; recorded or not) draw from a
+    generator that gives the same bits on every device and torch release, keyed by the
+    seed (``True``: ``torch.initial_seed()`` when the block starts) and the op's place
+    among the block's random ops, so two environments draw the same masks and the
+    compare sees past them. The block then draws other numbers than it would without it
+    (for comparing environments, not for the run's results); torch's generators are not
+    advanced, a ``generator=`` argument is ignored, and a random op it does not cover
+    (``multinomial``, ``poisson``, ...) raises :class:`~detctx.TraceError` before it
+    runs. ``None`` or ``False``: off.
+
     >>> with detctx.recording("a.trace"):   # doctest: +SKIP
+    ...     train_step(model, batch)
+    >>> with detctx.recording("b.trace", portable_random=1234):   # doctest: +SKIP
     ...     train_step(model, batch)
     """
     window = None if steps is None else parse_steps(steps)
+    seed = portable_seed(portable_random, torch.initial_seed)
     target = trace_path(path)
     rank, world = rank_and_world()
     run = run_identity(world)
     target.unlink(missing_ok=True)
-    writer = _open(target, rank, world, run)
-    recorder = StatisticsRecorder(writer, window)
+    writer = _open(target, rank, world, run, seed)
+    recorder = _recorder(writer, window, seed)
     outcome = COMPLETED
     try:
         recorder.start()
@@ -174,23 +213,29 @@ def start_from_environment() -> bool:
     folder = os.environ.get(RECORD_ENV)
     if not folder:
         return False
-    window = None
+    window, seed = None, None
     if os.environ.get(STEPS_ENV):
         try:
             window = parse_steps(os.environ[STEPS_ENV])
         except TraceError as exc:
             sys.stderr.write(f"detctx: not recording this process: ${STEPS_ENV}: {exc}\n")
             return False
+    if os.environ.get(PORTABLE_ENV):
+        try:  # the message names the variable
+            seed = portable_seed(parse_portable(os.environ[PORTABLE_ENV]), torch.initial_seed)
+        except TraceError as exc:
+            sys.stderr.write(f"detctx: not recording this process: {exc}\n")
+            return False
     rank, world = rank_and_world()
     name = f"rank{rank}.trace" if world > 1 else "main.trace"
     try:
-        writer = _open(Path(folder) / name, rank, world, run_identity(world))
+        writer = _open(Path(folder) / name, rank, world, run_identity(world), seed)
     except FileExistsError:
         return False
     except OSError as exc:
         sys.stderr.write(f"detctx: not recording this process: {exc.strerror or exc}\n")
         return False
-    record_until_exit(StatisticsRecorder(writer, window), _ClosedAtExit(writer))
+    record_until_exit(_recorder(writer, window, seed), _ClosedAtExit(writer))
     return True
 
 
