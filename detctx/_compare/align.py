@@ -106,6 +106,32 @@ def _shaped(trace: Trace, ops: np.ndarray, table: dict[str, int]) -> np.ndarray:
     return shaped
 
 
+def _flowed(
+    trace: Trace,
+    lo: int,
+    hi: int,
+    columns: tuple[np.ndarray, np.ndarray],
+    mapped: np.ndarray,
+    flows: dict[tuple[int, ...], int],
+) -> np.ndarray:
+    """The ops ``lo..hi`` as keys of their module and pass, name and first output's shape
+    (``columns``) and where their inputs come from: for an input made by a paired op
+    before them, that op as A numbers it (``mapped``: B's partners, or A's paired ops as
+    themselves); else whether it was made by an op without a partner (yet: one of these)
+    or by no recorded op. ``flows`` gives each distinct key its number, shared by both
+    traces."""
+    keys = np.empty(hi - lo, dtype=np.int64)
+    producers = trace.inputs["op"]
+    module, shaped = columns
+    for row, op in enumerate(range(lo, hi)):
+        origins = [
+            -2 if made < 0 else -1 if lo <= made < hi else int(mapped[made])
+            for made in producers[trace.first_input[op] : trace.first_input[op + 1]].tolist()
+        ]
+        keys[row] = flows.setdefault((int(module[op]), int(shaped[op]), *origins), len(flows))
+    return keys
+
+
 def _segments(keys: np.ndarray) -> np.ndarray:
     """Where each run of equal keys starts, with the end appended."""
     if not len(keys):
@@ -132,44 +158,72 @@ def align(a: Trace, b: Trace) -> Alignment:
     spans_a, spans_b = spans(low_a[alike], size_a[alike]), spans(low_b[alike], size_b[alike])
     differing = np.zeros(len(alike), bool)
     owner = np.repeat(np.arange(len(alike)), size_a[alike])
-    np.logical_or.at(differing, owner, ops_a[spans_a] != ops_b[spans_b])
+    # Ops of one name with other shapes differ too: a lone gradient sum outside every module
+    # pairs with the next one of its name, which may be a query's where this is a key's.
+    shaped_a, shaped_b = _shaped(a, ops_a, table), _shaped(b, ops_b, table)
+    np.logical_or.at(differing, owner, shaped_a[spans_a] != shaped_b[spans_b])
     same = np.zeros(len(segment_a), bool)
     same[alike[~differing]] = True
     paired = ~differing[owner]
     partner[spans_b[paired]] = spans_a[paired]
-    names = list(table)
-    partial = []
-    # Inside a segment whose ops differ (another kernel's ops), an op pairs only with one
-    # of its name and its first output's shape: the math kernel's backward adds ops of the
-    # same names, and by name alone a query's op paired with a key's (GQA: [4, 4, 32, 32]
-    # against [4, 2, 32, 32]), a shape difference no program made.
-    shaped_a, shaped_b = _shaped(a, ops_a, table), _shaped(b, ops_b, table)
+    # A's paired ops as themselves (-1 for the others): what _flowed maps A's inputs by.
+    known_a = np.full(len(a), -1, dtype=np.int64)
+    known_a[partner[partner >= 0]] = partner[partner >= 0]
     fused: list[tuple[int, int, int, int]] = []
-    for pair in np.flatnonzero(~same):
+    runs: list[list[int]] = []
+    for pair in np.flatnonzero(~same).tolist():
         lo_a, hi_a = int(low_a[pair]), int(low_a[pair] + size_a[pair])
         lo_b, hi_b = int(low_b[pair]), int(low_b[pair] + size_b[pair])
-        if max(hi_a - lo_a, hi_b - lo_b) > FUSED * min(hi_a - lo_a, hi_b - lo_b):
-            # A fused kernel against its parts (an LSTM layer's one op against a step per
-            # time step, AdamW's fused kernel against its per-parameter ops): ops of the
-            # same name inside compute other things; only the ops both end with pair (a
-            # step counter), unless two of those share a name and shape (an LSTM's final
-            # states, stacked in another order). The module is compared where its values
-            # meet paired ops.
-            tail_a, tail_b = shaped_a[lo_a:hi_a][::-1], shaped_b[lo_b:hi_b][::-1]
-            common = min(len(tail_a), len(tail_b))
-            unequal = np.flatnonzero(tail_a[:common] != tail_b[:common])
-            ends = int(unequal[0]) if len(unequal) else common
-            if len(np.unique(tail_a[:ends])) < ends:
-                ends = 0  # two of them share a name and shape: which is which is not known
-            inner_a = np.arange(hi_a - lo_a - ends, hi_a - lo_a, dtype=np.int64)
-            inner_b = np.arange(hi_b - lo_b - ends, hi_b - lo_b, dtype=np.int64)
-            fused.append((lo_a, hi_a, lo_b, hi_b))
-        else:
-            inner_a, inner_b = match(shaped_a[lo_a:hi_a], shaped_b[lo_b:hi_b])
+        if max(hi_a - lo_a, hi_b - lo_b) <= FUSED * min(hi_a - lo_a, hi_b - lo_b):
+            if runs and runs[-1][-1] == pair - 1:
+                runs[-1].append(pair)
+            else:
+                runs.append([pair])
+            continue
+        # A fused kernel against its parts (an LSTM layer's one op against a step per
+        # time step, AdamW's fused kernel against its per-parameter ops): ops of the
+        # same name inside compute other things; only the ops both end with pair (a
+        # step counter), unless two of those share a name and shape (an LSTM's final
+        # states, stacked in another order). The module is compared where its values
+        # meet paired ops.
+        tail_a, tail_b = shaped_a[lo_a:hi_a][::-1], shaped_b[lo_b:hi_b][::-1]
+        common = min(len(tail_a), len(tail_b))
+        unequal = np.flatnonzero(tail_a[:common] != tail_b[:common])
+        ends = int(unequal[0]) if len(unequal) else common
+        if len(np.unique(tail_a[:ends])) < ends:
+            ends = 0  # two of them share a name and shape: which is which is not known
+        partner[hi_b - ends : hi_b] = np.arange(hi_a - ends, hi_a, dtype=np.int64)
+        known_a[hi_a - ends : hi_a] = np.arange(hi_a - ends, hi_a, dtype=np.int64)
+        fused.append((lo_a, hi_a, lo_b, hi_b))
+    # Consecutive segments whose ops differ (another kernel's ops, with gradient sums
+    # outside every module between them) are matched as one region, op by op, by module,
+    # name, first output's shape and where the inputs come from (_flowed): the math
+    # kernel's backward adds ops of the same names, and by name alone a query's op paired
+    # with a key's (GQA: [4, 4, 32, 32] against [4, 2, 32, 32]), or a key's gradient times
+    # sin with the one times cos, where the backward runs them in another order.
+    for run in runs:
+        lo_a, hi_a = int(low_a[run[0]]), int(low_a[run[-1]] + size_a[run[-1]])
+        lo_b, hi_b = int(low_b[run[0]]), int(low_b[run[-1]] + size_b[run[-1]])
+        flows: dict[tuple[int, ...], int] = {}
+        inner_a, inner_b = match(
+            _flowed(a, lo_a, hi_a, (keys_a, shaped_a), known_a, flows),
+            _flowed(b, lo_b, hi_b, (keys_b, shaped_b), partner, flows),
+        )
         partner[lo_b + inner_b] = lo_a + inner_a
+        known_a[lo_a + inner_a] = lo_a + inner_a
+    names = list(table)
+    partial = []
+    for pair in np.flatnonzero(~same).tolist():
+        lo_b, hi_b = int(low_b[pair]), int(low_b[pair] + size_b[pair])
         key = int(keys_b[lo_b])
         partial.append(
-            Partial(names[key // 2], bool(key % 2), hi_a - lo_a, hi_b - lo_b, len(inner_a))
+            Partial(
+                names[key // 2],
+                bool(key % 2),
+                int(size_a[pair]),
+                hi_b - lo_b,
+                int((partner[lo_b:hi_b] >= 0).sum()),
+            )
         )
     # Modules whose ops differ count whole, wherever their segments lie (an unfused LSTM's
     # backward comes in several, between gradient sums outside any module); ops outside
@@ -181,8 +235,7 @@ def align(a: Trace, b: Trace) -> Alignment:
         ),
         dtype=np.int64,
     )
-    paired_a = np.zeros(len(a), dtype=bool)
-    paired_a[partner[partner >= 0]] = True
+    paired_a = known_a >= 0
     covered = (
         int((paired_a | np.isin(keys_a, differing)).sum()),
         int(((partner >= 0) | np.isin(keys_b, differing)).sum()),
