@@ -42,6 +42,7 @@ __all__ = [
     "MAX_STRING",
     "OP",
     "PREFIX",
+    "READ_OP",
     "SKETCH_SHAPE",
     "START",
     "STATE_OP",
@@ -53,7 +54,7 @@ __all__ = [
 ]
 
 MAGIC: Final = b"DETCTXST"
-VERSION: Final = 3
+VERSION: Final = 4
 COMPLETED: Final = "completed"
 """The outcome of a recording whose block (or process) ran to its end."""
 UNSHARED: Final = "unshared"
@@ -61,6 +62,9 @@ UNSHARED: Final = "unshared"
 STATE_OP: Final = "detctx::state"
 """The op name of a row holding one tensor of the state a window of steps starts from (its
 source: ``[parameter NAME]``, ``[buffer NAME]``, ``[NAME: exp_avg]``)."""
+READ_OP: Final = "detctx::read"
+"""The op name of a row holding a parameter or buffer no recorded op made, where an op first
+reads it (its source: ``[parameter NAME]``, ``[buffer NAME]``)."""
 FORMAT: Final = "detctx statistics trace"
 OP: Final = np.dtype(
     [

@@ -20,20 +20,24 @@ import torch
 from torch.nn.modules import module as module_hooks
 from torch.utils.hooks import RemovableHandle
 
+from detctx._compare.memory import MemoryTable, memory_key
 from detctx._locate import ModuleTracker
 
 __all__ = ["TensorNames"]
 
 
-def _memory(tensor: Any) -> int | None:
-    tensor = getattr(tensor, "_local_tensor", tensor)  # a DTensor: its shard's memory
+def _plain(tensor: Any) -> torch.Tensor | None:
+    """The tensor whose memory a name is kept for: a DTensor's shard; ``None`` for another
+    subclass (its memory is not the storage it reports)."""
+    tensor = getattr(tensor, "_local_tensor", tensor)
     if type(tensor) is not torch.Tensor and not isinstance(tensor, torch.nn.Parameter):
-        return None  # another subclass: its memory is not the storage it reports
-    try:
-        pointer = tensor.untyped_storage().data_ptr()
-    except (RuntimeError, NotImplementedError):
         return None
-    return pointer or None
+    return tensor
+
+
+def _memory(tensor: Any) -> int | None:
+    plain = _plain(tensor)
+    return memory_key(plain) if plain is not None else None
 
 
 class TensorNames:
@@ -41,7 +45,7 @@ class TensorNames:
 
     def __init__(self, modules: ModuleTracker) -> None:
         self._modules = modules
-        self._names: dict[int, str] = {}
+        self._names: MemoryTable[str] = MemoryTable()  # a freed memory's name goes with it
         self._handles: list[RemovableHandle] = []
         # What a window's entering state holds: the modules called and the optimizers
         # stepped so far, in the order first seen (weakly: the recording keeps nothing alive).
@@ -98,7 +102,10 @@ class TensorNames:
             for group in optimizer.param_groups:
                 for index, parameter in enumerate(group["params"]):
                     key = _memory(parameter)
-                    known = (named.get(key) or self._names.get(key)) if key is not None else None
+                    plain = _plain(parameter)
+                    known = (named.get(key) if key is not None else None) or (
+                        self._names.of(plain) if plain is not None else None
+                    )
                     owner = (
                         known.removeprefix("parameter ")
                         if known
@@ -113,9 +120,10 @@ class TensorNames:
     def name_of(self, outputs: list[torch.Tensor]) -> str | None:
         """The name of the memory the first named output is in, if any."""
         for tensor in outputs:
-            key = _memory(tensor)
-            if key is not None and key in self._names:
-                return self._names[key]
+            plain = _plain(tensor)
+            named = self._names.of(plain) if plain is not None else None
+            if named is not None:
+                return named
         return None
 
     def _entered(self, module: torch.nn.Module, _args: Any) -> None:
@@ -124,9 +132,13 @@ class TensorNames:
         if known is None or known[1]() is not module:
             self._seen[id(module)] = (path, weakref.ref(module))
         for name, parameter in module.named_parameters(recurse=False):
-            key = _memory(parameter)
-            if key is not None:
-                self._names[key] = f"parameter {path}.{name}"
+            plain = _plain(parameter)
+            if plain is not None:
+                self._names.keep(plain, f"parameter {path}.{name}")
+        for name, buffer in module.named_buffers(recurse=False):
+            plain = _plain(buffer)
+            if plain is not None and self._names.of(plain) is None:
+                self._names.keep(plain, f"buffer {path}.{name}")
 
     def _stepping(self, optimizer: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
         known = self._optimizers.get(id(optimizer))
@@ -134,11 +146,11 @@ class TensorNames:
             self._optimizers[id(optimizer)] = weakref.ref(optimizer)
         for group in optimizer.param_groups:
             for parameter in group["params"]:
-                key = _memory(parameter)
-                named = self._names.get(key) if key is not None else None
+                plain = _plain(parameter)
+                named = self._names.of(plain) if plain is not None else None
                 if named is None:
                     continue
                 for entry, value in optimizer.state.get(parameter, {}).items():
-                    state_key = _memory(value) if isinstance(value, torch.Tensor) else None
-                    if state_key is not None and state_key != key:
-                        self._names[state_key] = f"{named.removeprefix('parameter ')}: {entry}"
+                    state = _plain(value) if isinstance(value, torch.Tensor) else None
+                    if state is not None and _memory(state) != _memory(plain):
+                        self._names.keep(state, f"{named.removeprefix('parameter ')}: {entry}")

@@ -23,7 +23,7 @@ import functools
 import numpy as np
 import torch
 
-from detctx._compare.format import STATE_OP, Trace
+from detctx._compare.format import READ_OP, STATE_OP, Trace
 
 __all__ = ["RANDOM_ADVICE", "bits_part", "random_op"]
 
@@ -74,8 +74,9 @@ def bits_part(
         (a.ops["high"][partner] != b.ops["high"]) | (a.ops["low"][partner] != b.ops["low"])
     )
     found: np.ndarray = same_inputs & differ
-    if STATE_OP in b.strings:  # a window's entering state: no op computed it
-        found &= b.ops["op"] != b.strings.index(STATE_OP)
+    for made_by_none in (STATE_OP, READ_OP):  # rows of data no op computed
+        if made_by_none in b.strings:
+            found &= b.ops["op"] != b.strings.index(made_by_none)
     return found
 
 

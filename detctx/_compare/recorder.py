@@ -36,7 +36,8 @@ from detctx._compare.collectives import (
     plain_tensors,
     reads,
 )
-from detctx._compare.format import STATE_OP, TraceWriter
+from detctx._compare.format import READ_OP, STATE_OP, TraceWriter
+from detctx._compare.memory import Producers, memory_key
 from detctx._compare.naming import TensorNames
 from detctx._compare.portable import PortableRandom
 from detctx._compare.scalars import scalar_arguments
@@ -48,10 +49,21 @@ __all__ = ["StatisticsRecorder"]
 _KEY: Final = "detctx._compare"
 _PASSED_ON: Final = frozenset({"aten::clone", "aten::select_backward", "aten::slice_backward"})
 """Skipped ops whose output holds their first input's bits: its producer is passed on."""
+_FILLS: Final = frozenset({"aten::fill_", "aten::zero_", "aten::copy_"})
+"""In-place ops whose first argument's values are not read, only written."""
+_SEEDED: Final = getattr(getattr(torch, "Tag", None), "nondeterministic_seeded", None)
 _VIEWS: set[Any] = set()
+_write_only: dict[Any, tuple[tuple[int, str], ...]] = {}
+"""Per op: the places of the arguments it only writes (see _written)."""
 """Skipped ops whose every output aliases an input (views): their memory keeps its producer."""
 
 
+_NONE: Final = (-1, 0)
+"""The producer of data no recorded op made, as the trace writes it."""
+_FRESH: Final = (-2, 0)
+"""Memory an op not recorded made inside the recording (``empty``, a workspace)."""
+_CONSTANT: Final = (-3, 0)
+"""Memory a constant op made (``zeros_like``, ``arange``): a row where first read."""
 Inputs = list[tuple[int, int]]
 """Each input's producer: the op and output that last wrote its memory, or ``(-1, 0)``."""
 
@@ -62,12 +74,29 @@ def _every(issued: dict[int, list[Issued]]) -> list[Issued]:
     return [found[number] for number in sorted(found)]
 
 
-def _key(tensor: torch.Tensor) -> int | None:
-    try:
-        pointer = tensor.untyped_storage().data_ptr()
-    except (RuntimeError, NotImplementedError, AttributeError):
-        return None
-    return pointer or None
+def _written(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> set[int]:
+    """The tensors ``func`` writes without reading their values, by ``id``: its ``out=``
+    arguments, and the first argument of an op that fills it (``fill_``, ``zero_``,
+    ``copy_``, a random fill such as ``bernoulli_``)."""
+    places = _write_only.get(func)
+    if places is None:
+        schema = func._schema
+        places = _write_only[func] = tuple(
+            (position, argument.name)
+            for position, argument in enumerate(schema.arguments)
+            if argument.alias_info is not None
+            and argument.alias_info.is_write
+            and (argument.kwarg_only or (position == 0 and _fills(func)))
+        )
+    if not places:
+        return set()
+    values = [args[at] if at < len(args) else kwargs.get(name) for at, name in places]
+    return {id(tensor) for tensor in plain_tensors(values)}  # out= may be a list (FSDP2's)
+
+
+def _fills(func: Any) -> bool:
+    name = func._schema.name
+    return name in _FILLS or (name.endswith("_") and _SEEDED in getattr(func, "tags", ()))
 
 
 class StatisticsRecorder(Recorder):
@@ -95,7 +124,7 @@ class StatisticsRecorder(Recorder):
         self.steps_done = 0
         self._inside = steps is None or steps[0] == 0  # whether ops are recorded now
         self._step_hook: Any = None
-        self._producers: dict[int, tuple[int, int]] = {}
+        self._producers = Producers()
         self._issued: dict[int, list[Issued]] = {}  # output memory -> collectives not recorded
         self.summaries = Summaries(writer, helper=lambda: False)
 
@@ -135,7 +164,9 @@ class StatisticsRecorder(Recorder):
 
     def before_fork(self) -> None:
         # The helper finishes its queue, so the child inherits no thread mid torch call.
-        self.summaries.drain()
+        # On this thread the mode is on: the rows' arithmetic is detctx's, not the program's.
+        with own_work():
+            self.summaries.drain()
 
     def _close(self) -> None:
         self._unhook()
@@ -159,9 +190,8 @@ class StatisticsRecorder(Recorder):
         return source if named is None else f"{source} [{named}]"
 
     def _producer(self, tensor: torch.Tensor) -> tuple[int, int]:
-        key = _key(tensor)
-        found = self._producers.get(key) if key is not None else None
-        return found if found is not None else (-1, 0)
+        found = self._producers.writer_of(tensor)
+        return found if found is not None and found[0] >= 0 else _NONE
 
     def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if not self._inside or doing_own_work():
@@ -184,14 +214,22 @@ class StatisticsRecorder(Recorder):
             return self._collective(role, func, info, args, kwargs, read)
         if info.skip:
             result = info.call(*args, **kwargs)
-            self._pass_on(func, info.name, read, plain_tensors([result]))
+            self._pass_on(func, info, read, plain_tensors([result]))
             return result
-        inputs = [self._producer(tensor) for tensor in read]
+        inputs = self._inputs(read, _written(func, args, kwargs))
         if self.portable is not None and self.portable.handles(func):
             result = self.portable.call(func, args, kwargs)
         else:
             result = info.call(*args, **kwargs)
         outputs = new_values(info, args, kwargs, result)
+        made = plain_tensors([result])
+        if len(made) != len(outputs):
+            # Results it does not keep (a recurrent layer's workspace): made here, not data
+            # from before the recording, whatever their memory holds.
+            kept = {id(tensor) for tensor in outputs}
+            for tensor in made:
+                if id(tensor) not in kept and self._producers.writer_of(tensor) is None:
+                    self._producers.wrote(tensor, _FRESH)
         if not outputs:
             return result
         where = self.where(outputs)
@@ -202,6 +240,31 @@ class StatisticsRecorder(Recorder):
         self._record((info.name, *where, scalar_arguments(func, args, kwargs)), outputs, inputs)
         return result
 
+    def _inputs(self, read: list[torch.Tensor], written: set[int]) -> Inputs:
+        """The producer of each tensor ``read``; a parameter or buffer no recorded op made
+        (before its first update), or a constant (an optimizer's first moments), gets a row
+        of its own first, named: the compare then knows its values, and names it where it
+        differs. Not one the op only writes
+        (``written``, by ``id``: ``out=``, the one a random op fills). Other data no
+        recorded op made (the batch, memory allocated where the recorder does not see it:
+        FSDP2's resized storages, a collective's buffers) has no producer: what its memory
+        holds, and whether it is that data at all, is not known."""
+        found = []
+        for tensor in read:
+            made = self._producer(tensor)
+            if made[0] < 0 and id(tensor) not in written:
+                known = self._producers.writer_of(tensor)
+                name = self.names.name_of([tensor])
+                if known == _CONSTANT:
+                    name = name or "constant"
+                if name is not None and known in (None, _CONSTANT):
+                    with own_work():  # the row's copies are not the program's ops
+                        row = (READ_OP, self.modules.current(), f"[{name}]", "", "")
+                        self._record(row, [local(tensor)], [])
+                    made = self._producer(tensor)
+            found.append(made)
+        return found
+
     def _record(
         self,
         strings: tuple[str, str, str, str, str],
@@ -210,9 +273,7 @@ class StatisticsRecorder(Recorder):
     ) -> None:
         self.summaries.put(strings, outputs, inputs)
         for position, tensor in enumerate(outputs):
-            key = _key(tensor)
-            if key is not None:
-                self._producers[key] = (self.count, position)
+            self._producers.wrote(tensor, (self.count, position))
         self.count += 1
 
     def _collective(
@@ -233,13 +294,11 @@ class StatisticsRecorder(Recorder):
             issued = issue(func, args, kwargs, result)
         if issued is None:  # not recorded: what it writes has no producer
             for tensor in read:
-                key = _key(tensor)
-                if key is not None:
-                    self._producers.pop(key, None)
+                self._producers.forget(tensor)
             return result
         inputs, outputs, wait, group = issued
         module, source, node = self.where(outputs)
-        keys = [_key(tensor) for tensor in outputs]
+        keys = [memory_key(tensor) for tensor in outputs]
         waiting = Issued(
             (info.name, module, f"{source} [{group}]", node, ""),
             outputs,
@@ -256,7 +315,7 @@ class StatisticsRecorder(Recorder):
         """The collectives not recorded yet whose outputs share memory with ``read``."""
         found: dict[int, Issued] = {}
         for tensor in read:
-            key = _key(tensor)
+            key = memory_key(tensor)
             for issued in self._issued.get(key, ()) if key is not None else ():
                 found[issued.number] = issued
         return [found[number] for number in sorted(found)]
@@ -275,28 +334,35 @@ class StatisticsRecorder(Recorder):
                 waiting.wait()
             except RuntimeError:
                 continue  # it failed: the program meets the error at its own wait
-            if any(_key(tensor) != key for tensor, key in zip(waiting.outputs, waiting.keys)):
+            if any(memory_key(tensor) != key for tensor, key in zip(waiting.outputs, waiting.keys)):
                 continue  # its memory was freed or replaced (resize_): nothing left to read
             self._record(waiting.strings, waiting.outputs, waiting.inputs)
 
     def _pass_on(
-        self, func: Any, name: str, read: list[torch.Tensor], made: list[torch.Tensor]
+        self, func: Any, info: Any, read: list[torch.Tensor], made: list[torch.Tensor]
     ) -> None:
-        """A skipped op's new memory: its source's producer (a copy) or none (a constant)."""
+        """A skipped op's new memory: its source's producer (a copy), a constant (its values
+        follow from its arguments: ``zeros_like``, ``fill_`` with a number, in place too),
+        or none (``empty``: memory that may hold anything)."""
         if not made:
             return
+        if info.constant:
+            for tensor in made:
+                self._producers.wrote(tensor, _CONSTANT)
+            return
+        name = info.name
         if all(r.alias_info is not None for r in func._schema.returns) and len(
             func._schema.returns
         ) == len(made):
             _VIEWS.add(func)  # its outputs are its inputs' memory: nothing to pass on
             return
         source = self._producer(read[0]) if name in _PASSED_ON and read else None
-        known = {_key(tensor) for tensor in read}
+        known = {memory_key(tensor) for tensor in read}
         for tensor in made:
-            key = _key(tensor)
+            key = memory_key(tensor)
             if key is None or key in known:
                 continue  # a view: the memory keeps its producer
             if source is None or source[0] < 0:
-                self._producers.pop(key, None)
+                self._producers.wrote(tensor, _FRESH)
             else:
-                self._producers[key] = source
+                self._producers.wrote(tensor, source)

@@ -20,7 +20,7 @@ __all__ = ["INFOS", "OpInfo", "generator_state", "op_info"]
 
 
 class OpInfo:
-    __slots__ = ("call", "kept", "name", "number", "random", "skip", "written")
+    __slots__ = ("call", "constant", "kept", "name", "number", "random", "skip", "written")
 
     def __init__(self, func: Any) -> None:
         schema = func._schema
@@ -39,6 +39,7 @@ class OpInfo:
         )
         returns = schema.returns
         self.kept: int | None = _BOOKKEEPING.get(schema.name)
+        self.constant = self.name in _CONSTANTS  # its output follows from its arguments
         self.skip = (
             (
                 bool(returns)
