@@ -69,8 +69,9 @@ def _programs_op(frame: Any) -> bool:
 
 
 class Planter(TorchDispatchMode):  # type: ignore[misc]
-    """Changes recorded op number ``index`` (0-based, as the trace numbers them), expected to
-    be ``name``; ``index=None`` only counts. After the run: ``seen`` (recorded ops counted),
+    """Changes the program's recorded op number ``index`` (0-based, as the trace numbers
+    them without the rows detctx adds of its own: data no op made), expected to be
+    ``name``; ``index=None`` only counts. After the run: ``seen`` (recorded ops counted),
     ``planted_name`` (the op changed, ``None`` if the run had no such op), ``own_error``
     (the change's relative L2 error, exact, in float64)."""
 
@@ -153,6 +154,7 @@ class Plan:
     index: int = -1
     name: str = ""
     module: str = ""
+    ordinal: int = -1  # the op's place among the program's ops (not detctx's own rows)
 
 
 def record(
@@ -175,7 +177,7 @@ def record(
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     planter = None
     if plan is not None and plan.phase != "module":
-        planter = Planter(plan.index, plan.name, plan.change)
+        planter = Planter(plan.ordinal, plan.name, plan.change)
     with noise(setting), contextlib.ExitStack() as stack:
         if planter is not None and not inside:
             stack.enter_context(planter)  # below the recorder: see benchmarks/planting.py

@@ -14,7 +14,10 @@ threads against 1; SDPA's math kernel against its default), with one change plan
 
 Each planting's own error is measured: exactly for an op-level change, for a module
 change as the compare estimates it between B with and without the change (same settings,
-so the first op where the bits part is the change's). Against float32's tolerance
+so the first op where the bits part is the change's). An op inside a module that A runs
+as one fused kernel (the LSTM with oneDNN on, against its per-step ops in B) has no
+partner: the compare sees such a change where the module's values leave it, so that is
+its size, and naming the module there counts as naming it exactly. Against float32's tolerance
 (3e-4) a planting is *clear* (at least 3x), *marginal* or *sub-tolerance* (below 1x).
 Every planted run is also checked against the same run without the change: the bits
 must first part at the planted op, or the planting is reported as not made.
@@ -92,17 +95,32 @@ def draw(
     output is float, and ``modules`` module changes."""
     phase = phases(clean)
     first_dtype = [clean.text(int(d)) for d in clean.values["dtype"][clean.first_value[:-1]]]
+    # The program's ops: not the rows detctx adds (data no op made, where first read).
+    programs = np.array(
+        [not clean.text(int(op)).startswith("detctx::") for op in clean.ops["op"]], dtype=bool
+    )
+    ordinal = np.cumsum(programs) - 1
     plans = []
     for number, label in enumerate(("forward", "backward", "optimizer")):
         candidates = [
             i
-            for i in np.flatnonzero(phase == number).tolist()
+            for i in np.flatnonzero((phase == number) & programs).tolist()
             if first_dtype[i].startswith("float")
         ]
         for index in rng.sample(candidates, min(per_phase, len(candidates))):
             change = rng.choice(list(CHANGES))
             name = clean.text(int(clean.ops["op"][index]))
-            plans.append(Plan(family.name, setting, label, change, index=index, name=name))
+            plans.append(
+                Plan(
+                    family.name,
+                    setting,
+                    label,
+                    change,
+                    index=index,
+                    name=name,
+                    ordinal=int(ordinal[index]),
+                )
+            )
     changes: list[ModuleChange] = family.changes(model)
     for chosen in rng.sample(changes, min(modules, len(changes))):
         plans.append(Plan(family.name, setting, "module", chosen.what, module=chosen.path))
@@ -163,6 +181,14 @@ def evaluate(
             time.perf_counter() - started,
         )
     rank = result.ranks[0]
+    # An op inside a module A runs as one fused kernel (an LSTM layer) has no partner: the
+    # compare sees the change where the module's values leave it, so that is its size, and
+    # naming the module is naming it exactly.
+    module = rank.inside.get(expected) if planter is not None and made else None
+    if module is not None and rank.alignment.partner[expected] < 0:
+        own = _at_boundary(rank, expected, module, clean_path, path)
+    else:
+        module = None
     inputs_same = bool(made and rank.input_error[expected] == 0)
     producers = rank.b.inputs["op"][rank.b.first_input[expected] : rank.b.first_input[expected + 1]]
     unrecorded = bool(made and (producers < 0).any())
@@ -172,7 +198,7 @@ def evaluate(
     elif origin is None:
         verdict = "no origin"
     elif (
-        (origin.index == expected)
+        (origin.index == expected or (module is not None and origin.inside == module))
         if planter is not None
         else _in_module(planted, origin.index, plan.module)
     ):
@@ -206,6 +232,24 @@ def evaluate(
         named_part,
         unrecorded,
     )
+
+
+def _at_boundary(rank: Any, planted: int, module: str, clean: Path, path: Path) -> float:
+    """A change at op ``planted`` inside a fused ``module``, as large as it is where it
+    first leaves the module: the largest error (B against B without the change) at the
+    first run of paired ops after it that read the module's values."""
+    import detctx
+
+    error = detctx.compare_traces(clean, path).ranks[0].error
+    paired = np.flatnonzero(rank.alignment.partner >= 0)
+    later = paired[paired > planted]
+    leaving = np.array([rank.inside.get(int(op)) == module for op in later], dtype=bool)
+    if not leaving.any():
+        return 0.0
+    first = int(np.argmax(leaving))
+    stop = np.flatnonzero(~leaving[first:])
+    run = later[first : first + (int(stop[0]) if len(stop) else len(later))]
+    return float(np.nanmax(error[run]))
 
 
 def _said(error: Exception, a: Path, b: Path) -> str:
@@ -265,10 +309,16 @@ def check_stacking(family: Family, folder: Path) -> str:
     a = folder / "stack-a.trace"
     record(family, model, batch, "same", a)
     trace = read_trace(a)
-    forward = np.flatnonzero(phases(trace) == 0)
+    programs = np.array(
+        [not trace.text(int(op)).startswith("detctx::") for op in trace.ops["op"]], dtype=bool
+    )
+    forward = np.flatnonzero((phases(trace) == 0) & programs)
     index = int(forward[len(forward) // 2])
     name = trace.text(int(trace.ops["op"][index]))
-    plan = Plan(family.name, "same", "forward", "x(1+1e-2)", index=index, name=name)
+    ordinal = int(programs[:index].sum())
+    plan = Plan(
+        family.name, "same", "forward", "x(1+1e-2)", index=index, name=name, ordinal=ordinal
+    )
     said = []
     for inside in (False, True):
         b = folder / "stack-b.trace"

@@ -84,7 +84,11 @@ def test_a_multiply_in_one_mlp_is_the_origin_and_later_ops_inherit(
     assert origin["rank"] == 0 and origin["error"] > origin["tolerance"]
     later = [entry for entry in result["past_tolerance"] if entry["index"] > origin["index"]]
     assert len(later) > 100
-    assert {entry["kind"] for entry in later} == {"inherited"}
+    # Past the multiply, the error is inherited, but where the multiply runs again (its
+    # backward: the gradient times 1.003; the next step): the change enters there too.
+    again = [entry for entry in later if entry["kind"] == "origin"]
+    assert {entry["source"] for entry in again} <= {origin["source"]}
+    assert len(later) - len(again) > 100
     assert min(entry["index"] for entry in result["past_tolerance"]) == origin["index"]
 
 

@@ -27,13 +27,12 @@ verdict reports, never "agree".
 :data:`TOLERANCES`). Its *input error* is the largest error among the
 values it reads, as the earlier recorded ops that made them measured them
 (through an op without an estimate, the largest of that op's own inputs,
-and so on up the flow; 0 for data no recorded op made). An op past
-tolerance is an *origin* when its error is more than :data:`GROWTH` times
-its input error: its inputs do not explain it, so it arose in the op itself
-(or in data from outside the recorded ops). Otherwise it *inherited* its
-error: an input was past tolerance already, or the op amplified its
-inputs' small errors past the line (a sum that cancels, such as a bias
-gradient, makes a relative error larger), which is how rounding noise
+and so on up the flow). An op past tolerance is an *origin* when its error
+is more than its inputs can explain for its kind of op
+(:mod:`detctx._compare.explained`): it arose in the op itself. Otherwise it
+*inherited* its error: an input was past tolerance already, or the op
+amplified its inputs' small errors past the line (a sum that cancels, AdamW
+dividing a gradient's rounding by eps), which is how rounding noise
 accumulates, not a fault of the op. The first origin in B's order is the
 one reported; a run whose ops all inherited their error has no origin (the
 error grew step by step).
@@ -49,6 +48,7 @@ import numpy as np
 
 from detctx._compare.align import Alignment, align
 from detctx._compare.format import Trace
+from detctx._compare.origins import origins
 from detctx._compare.parting import RANDOM_ADVICE, bits_part, random_op
 from detctx._compare.scalars import scalar_difference
 from detctx._compare.sketch import STATISTICS, relative_difference
@@ -75,14 +75,6 @@ tensors of zeros from dividing by zero: it sits near the bottom of each dtype's 
 because real values can be tiny everywhere (AdamW's second moments of small gradients
 are about 1e-8 in float32). Integer and bool outputs (indices, masks) must be equal."""
 
-GROWTH: Final = 100.0
-"""How many times its inputs' largest error an op's own must be for it to be an origin.
-
-Kernel noise through a nanoGPT step stays within 1e-7..1e-4 (float32), where sums that
-cancel or AdamW's normalisation grow it a few times (a bias gradient: 2x) up to a few
-hundred times (the zero gradient of attention's key bias); a multiply by 1.003 or a
-rounding to bfloat16 (3e-3, 1.7e-3) is 1,000 times and more the noise of 1e-6 it meets
-first in a forward pass."""
 _EXACT: Final = (0.0, 0.0)
 _NAMED: Final = 10_000
 """At most this many ops a comparison says in words what differs at (shape, outputs)."""
@@ -118,6 +110,7 @@ class RankComparison:
     unaccounted_a: np.ndarray  # bool per op of A: no partner, and no paired op reads it
     unaccounted_b: np.ndarray  # bool per op of B: likewise
     parted: np.ndarray  # bool per op of B: inputs the same bits as in A, outputs not
+    inside: dict[int, str]  # op of B -> the fused module whose unpaired ops' values it reads
 
 
 def _partners(a: Trace, b: Trace, alignment: Alignment) -> tuple[np.ndarray, np.ndarray]:
@@ -283,7 +276,13 @@ def compare_rank(
         differences.setdefault(index, said)
     at_outputs = np.zeros(len(b), dtype=bool)
     np.logical_or.at(at_outputs, owner, by_flow & has)
-    origin, input_error = _origins(b, op_error, past, estimated, argued)
+    with np.errstate(invalid="ignore", over="ignore"):
+        absolute = error * scale
+    cast = np.zeros(len(b), dtype=bool)
+    cast[list(retyped)] = True
+    origin, input_error, notes = origins(b, op_error, absolute, past, estimated, argued, cast)
+    for index, note in notes.items():
+        differences.setdefault(index, note)
     bitwise = (
         len(a) == len(b)
         and alignment.aligned == len(b)
@@ -320,6 +319,7 @@ def compare_rank(
         lonely_a,
         lonely_b,
         parted,
+        _fed_by_fused(b, alignment),
     )
 
 
@@ -371,28 +371,27 @@ def _per_op(b: Trace, error: np.ndarray, allowed: np.ndarray) -> tuple[np.ndarra
     return worst, tolerance
 
 
-def _origins(
-    b: Trace, error: np.ndarray, past: np.ndarray, estimated: np.ndarray, argued: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Which ops past tolerance are origins, and every op's input error (see the module's
-    docstring); ``argued``: ops called with other scalar arguments, origins whatever their
-    inputs."""
-    carried = np.where(estimated, np.nan_to_num(error, nan=0.0), 0.0)  # what it hands on
+def _fed_by_fused(b: Trace, alignment: Alignment) -> dict[int, str]:
+    """Per op of B in a module one run computes with a fused kernel and the other with its
+    parts (an LSTM layer), or reading values that module's unpaired ops made (directly or
+    through other unpaired ops: the gradient sums of an unfused backward): that module.
+    A change inside it shows first where its values leave it, at such an op."""
+    if not alignment.fused:
+        return {}
+    source = np.full(len(b), -1, dtype=np.int64)
+    for number, (_, _, lo_b, hi_b) in enumerate(alignment.fused):
+        source[lo_b:hi_b] = number
+    paired = alignment.partner >= 0
     producers = b.inputs["op"]
-    starts = b.first_input
-    # An op without an estimate hands on what it received: in order, as a chain may run
-    # through several (few ops: the rest is one pass below).
-    for index in np.flatnonzero(~estimated).tolist():
-        made = producers[starts[index] : starts[index + 1]]
+    found: dict[int, str] = {}
+    for op in range(len(b)):
+        made = producers[b.first_input[op] : b.first_input[op + 1]]
         made = made[made >= 0]
-        if len(made):
-            carried[index] = carried[made].max()
-    received = np.zeros(len(b))
-    counts = b.ops["inputs"].astype(np.int64)
-    if len(producers):
-        values = np.where(producers >= 0, carried[np.maximum(producers, 0)], 0.0)
-        reading = np.flatnonzero(counts > 0)
-        received[reading] = np.maximum.reduceat(values, starts[:-1][reading])
-    with np.errstate(invalid="ignore", over="ignore"):
-        origin = past & ((error > GROWTH * received) | argued)
-    return origin, received
+        fed = source[made[~paired[made]]] if len(made) else source[:0]
+        fed = fed[fed >= 0]
+        if source[op] < 0 and len(fed) and not paired[op]:
+            source[op] = fed[0]  # an unpaired op passes the module on
+        module = source[op] if source[op] >= 0 else (fed[0] if len(fed) else -1)
+        if module >= 0:
+            found[op] = b.text(b.ops["module"][alignment.fused[int(module)][2]])
+    return found

@@ -54,7 +54,9 @@ class OpError(_AtOp):
     ``input_error``: the largest error of the values it reads; ``dtypes``: its dtypes in
     A and in B where an output it was compared at has another in each;
     ``compared_at_outputs``: the op had no partner and was compared where a paired op
-    reads its value.
+    reads its value; ``inside``: the module one run computes with a fused kernel and
+    the other with its parts, which the op is in or whose values it reads: a change
+    inside that module shows first here, where its values leave it.
     """
 
     input_error: float
@@ -62,6 +64,7 @@ class OpError(_AtOp):
     compared_at_outputs: bool
     dtypes: tuple[str, str] | None
     difference: str | None
+    inside: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         data = super().as_dict()
@@ -142,6 +145,7 @@ def op_error(rank: RankComparison, index: int) -> OpError:
         compared_at_outputs=bool(rank.at_outputs[index]),
         dtypes=rank.retyped.get(index),
         difference=rank.differences.get(index),
+        inside=rank.inside.get(index),
     )
 
 

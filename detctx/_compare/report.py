@@ -35,7 +35,7 @@ from detctx._compare.findings import (
     op_error,
     unpaired_ops,
 )
-from detctx._compare.format import COMPLETED, STATE_OP, UNSHARED
+from detctx._compare.format import COMPLETED, READ_OP, STATE_OP, UNSHARED
 from detctx._compare.parting import RANDOM_ADVICE
 from detctx._compare.reading import read_run
 
@@ -173,6 +173,8 @@ class TraceComparison:
             reasons.append(f"{ops} ops in one trace only")
         if self._states():
             reasons.append("the recordings start from different states")
+        if self._unmade():
+            reasons.append("parameters or buffers differ where first read")
         if self.past_tolerance:
             reasons.append(f"{len(self.past_tolerance)} ops past tolerance")
         return ", ".join(reasons)
@@ -180,6 +182,10 @@ class TraceComparison:
     def _states(self) -> list[str]:
         """The tensors of a window's entering state past tolerance: their names."""
         return [past.source.strip("[]") for past in self.past_tolerance if past.op == STATE_OP]
+
+    def _unmade(self) -> list[str]:
+        """The parameters and buffers past tolerance where first read: their names."""
+        return [past.source.strip("[]") for past in self.past_tolerance if past.op == READ_OP]
 
     def _what_differs(self, shown: int) -> list[str]:
         lines = []
@@ -213,6 +219,16 @@ class TraceComparison:
                 f"state the window starts from differ ({named}); record both from one "
                 "checkpoint (resume both, then record a window) to compare the steps"
             )
+        unmade = self._unmade()
+        if unmade:
+            named = ", ".join(dict.fromkeys(unmade[:shown])) + (
+                f" and {len(unmade) - shown} more" if len(unmade) > shown else ""
+            )
+            lines.append(
+                f"parameters or buffers differ where the program first reads them: "
+                f"{len(unmade)} tensors ({named}): set before the recording or by code not "
+                "recorded (initialised, changed or loaded otherwise)"
+            )
         origin = self.origin
         if origin is None:
             lines.append(
@@ -229,6 +245,12 @@ class TraceComparison:
                 + (f"; {origin.dtypes[0]} in A, {origin.dtypes[1]} in B" if origin.dtypes else "")
                 + (f"; {origin.difference}" if origin.difference else "")
             )
+            if origin.inside is not None:
+                lines.append(
+                    f"  the change may be inside {origin.inside or '(no module)'}: one run "
+                    "computes it with a fused kernel, the other with its parts, so it is "
+                    "compared where its values leave it, here"
+                )
         for past in self.past_tolerance[:shown]:
             lines.append(
                 f"  {past.kind:9} rank {past.rank} op {past.index} {past.op} "

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any, Final
 
-__all__ = ["scalar_arguments", "scalar_difference"]
+__all__ = ["scalar_arguments", "scalar_difference", "scalar_numbers"]
 
 _SCALARS: Final = (float, int, bool, complex, str)
 _argument_names: dict[Any, tuple[str, ...]] = {}
@@ -35,6 +35,18 @@ def scalar_arguments(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -
 def _arguments(text: str) -> dict[str, str]:
     pairs = (part.partition("=") for part in text.split(", ") if part)
     return {name: value for name, _, value in pairs}
+
+
+def scalar_numbers(text: str) -> dict[str, float]:
+    """The numeric arguments of a recorded op's scalar text, by name (``value=-0.01`` ->
+    ``{"value": -0.01}``); strings and anything unreadable are left out."""
+    numbers = {}
+    for name, value in _arguments(text).items():
+        try:
+            numbers[name] = float(value)
+        except ValueError:
+            continue
+    return numbers
 
 
 def scalar_difference(text_a: str, text_b: str, rtol: float) -> str | None:
