@@ -26,7 +26,7 @@ from detctx._basics.errors import (
     TraceError,
     UndeclaredStreamError,
 )
-from detctx._basics.portable_seed import (
+from detctx._basics.portable_option import (
     MAX_PORTABLE_SEED,
     PORTABLE_ENV,
     parse_portable,
