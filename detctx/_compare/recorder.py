@@ -53,9 +53,9 @@ _FILLS: Final = frozenset({"aten::fill_", "aten::zero_", "aten::copy_"})
 """In-place ops whose first argument's values are not read, only written."""
 _SEEDED: Final = getattr(getattr(torch, "Tag", None), "nondeterministic_seeded", None)
 _VIEWS: set[Any] = set()
+"""Skipped ops whose every output aliases an input (views): their memory keeps its producer."""
 _write_only: dict[Any, tuple[tuple[int, str], ...]] = {}
 """Per op: the places of the arguments it only writes (see _written)."""
-"""Skipped ops whose every output aliases an input (views): their memory keeps its producer."""
 
 
 _NONE: Final = (-1, 0)
@@ -244,25 +244,27 @@ class StatisticsRecorder(Recorder):
         """The producer of each tensor ``read``; a parameter or buffer no recorded op made
         (before its first update), or a constant (an optimizer's first moments), gets a row
         of its own first, named: the compare then knows its values, and names it where it
-        differs. Not one the op only writes
-        (``written``, by ``id``: ``out=``, the one a random op fills). Other data no
-        recorded op made (the batch, memory allocated where the recorder does not see it:
-        FSDP2's resized storages, a collective's buffers) has no producer: what its memory
-        holds, and whether it is that data at all, is not known."""
+        differs. Not one the op only writes (``written``, by ``id``: ``out=``, the one a
+        random op fills). Other data no recorded op made (the batch, memory allocated where
+        the recorder does not see it: FSDP2's resized storages, a collective's buffers) has
+        no producer: what its memory holds, and whether it is that data at all, is not
+        known."""
         found = []
         for tensor in read:
-            made = self._producer(tensor)
-            if made[0] < 0 and id(tensor) not in written:
-                known = self._producers.writer_of(tensor)
-                name = self.names.name_of([tensor])
-                if known == _CONSTANT:
-                    name = name or "constant"
-                if name is not None and known in (None, _CONSTANT):
-                    with own_work():  # the row's copies are not the program's ops
-                        row = (READ_OP, self.modules.current(), f"[{name}]", "", "")
-                        self._record(row, [local(tensor)], [])
-                    made = self._producer(tensor)
-            found.append(made)
+            known = self._producers.writer_of(tensor)
+            if known is not None and known[0] >= 0:
+                found.append(known)
+                continue
+            name = None if id(tensor) in written else self.names.name_of([tensor])
+            if known == _CONSTANT and id(tensor) not in written:
+                name = name or "constant"
+            if name is not None and known in (None, _CONSTANT):
+                with own_work():  # the row's copies are not the program's ops
+                    row = (READ_OP, self.modules.current(), f"[{name}]", "", "")
+                    self._record(row, [local(tensor)], [])
+                found.append(self._producer(tensor))
+            else:
+                found.append(_NONE)
         return found
 
     def _record(
