@@ -311,26 +311,9 @@ def test_numpy_integers_and_false_are_taken(tmp_path: Path) -> None:
     assert "portable_random" not in read_trace(tmp_path / "c.trace").header["environment"]
 
 
-def _hooks_count_steps() -> bool:
-    # torch 2.1 stops the global optimizer step hooks once TorchDynamo compiled anything in
-    # the process (test_trace_windows.py has the same check).
-    from torch.optim import optimizer
-
-    ran: list[bool] = []
-    handle = optimizer.register_optimizer_step_post_hook(lambda *_: ran.append(True))
-    try:
-        torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1).step()
-    finally:
-        handle.remove()
-    return bool(ran)
-
-
 def test_ops_before_a_window_draw_portably_too(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], steps_counted: None
 ) -> None:
-    if not _hooks_count_steps():
-        pytest.skip("torch's global optimizer step hooks do not run in this process")
-
     def windowed(path: Path, torch_seed: int) -> None:
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.5))

@@ -24,28 +24,6 @@ from detctx._compare.reading import read_trace
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def _step_post_hooks_run() -> bool:
-    """Whether torch's global optimizer step post-hooks, which count a window's steps, run in
-    this process: in torch 2.1, once anything was compiled, TorchDynamo replaces
-    ``Optimizer.step`` and they no longer do (docs/proving.md says so; another test of this
-    process may have compiled)."""
-    from torch.optim import optimizer
-
-    ran: list[bool] = []
-    handle = optimizer.register_optimizer_step_post_hook(lambda *_: ran.append(True))
-    try:
-        torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1).step()
-    finally:
-        handle.remove()
-    return bool(ran)
-
-
-@pytest.fixture
-def steps_counted() -> None:
-    if not _step_post_hooks_run():
-        pytest.skip("torch's global optimizer step hooks do not run in this process")
-
-
 class Net(torch.nn.Module):
     def __init__(self, eps: float) -> None:
         super().__init__()
