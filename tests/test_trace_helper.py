@@ -295,6 +295,7 @@ def test_large_float32_outputs_summarised_together_get_the_rows_they_have_alone(
         for scale in (1e-3, 1.0, 1e3, 1e12)
     ]
     tensors.append(torch.full((IN_NUMPY + 7,), 0.0))
+    tensors.append(torch.randn(40_000, generator=generator).relu())  # half of it zeros
     tensors.append(
         torch.randn(40_000, generator=generator).masked_fill(
             torch.arange(40_000) == 3, float("nan")
@@ -310,6 +311,31 @@ def test_large_float32_outputs_summarised_together_get_the_rows_they_have_alone(
         assert np.array_equal(row, alone)
         assert np.array_equal(row, float_rows([tensor])[0])
     assert sum(row is not None for row in rows) >= 10
+
+
+@pytest.mark.parametrize(
+    "tensor",
+    [
+        torch.tensor([0.0, -0.0, 1.0, float("nan"), float("inf"), 0.0]),  # NumPy, in rows
+        torch.tensor([0.0, 3.0, -0.0, 5e-324], dtype=torch.float64),  # scaled: 5e-324 stays
+        torch.randn(40_000).relu(),  # float32, stacked
+        torch.randn(40_000).relu().masked_fill(torch.arange(40_000) % 7 == 0, float("nan")),
+        torch.randn(40_000).relu().double() * 1e300,  # float64, scaled before it is measured
+        torch.randn(40_000).relu().half(),  # measured as float32
+        torch.randint(0, 3, (40_000,)),  # measured as float64
+    ],
+)
+def test_the_count_of_zeros_is_of_the_values_themselves_on_every_path(
+    tensor: torch.Tensor,
+) -> None:
+    # A ReLU mask that passes an element in one run and stops it in the other changes its
+    # count of zeros: counted on the values as they are, never on NaN or Inf set to zero,
+    # a scaled copy or a padded one.
+    from detctx._compare.stacked import statistics
+
+    row = statistics(tensor)
+    assert row is not None
+    assert row[7] == int((tensor == 0).sum()) > 0
 
 
 def test_large_outputs_copies_digested_together_get_the_digests_they_have_alone() -> None:

@@ -188,3 +188,62 @@ def test_a_gqa_llama_with_the_math_kernel_against_its_default_agrees(tmp_path: P
     result = detctx.compare_traces(tmp_path / "a.trace", tmp_path / "b.trace")
     assert result.agree and result.origin is None, result.past_tolerance[:2]
     assert not result.bitwise  # another kernel: compared within tolerance
+
+
+def relu_run(path: Path, flip: bool | None, planter: Planter | None = None) -> Path:
+    """A ReLU layer whose pre-activation ``[0, 0]`` is ``x[0, 0] - x[0, 1]``, exactly 0 in
+    A (``flip=None``). B's input carries noise, as another kernel's rounding would; with
+    ``flip`` the difference comes out positive there (one mask element passes in B that A
+    stops), without it negative (both runs stop it)."""
+    torch.manual_seed(0)
+    generator = torch.Generator().manual_seed(2)
+    x = torch.randn(4, 16, generator=generator)
+    x[0, 1] = x[0, 0]
+    first = torch.nn.Linear(16, 32)
+    second = torch.nn.Linear(32, 3)
+    with torch.no_grad():
+        first.weight.copy_(torch.randn(32, 16, generator=generator) / 4)
+        first.bias.zero_()
+        second.weight.copy_(torch.randn(3, 32, generator=generator))
+        first.weight[0] = 0.0
+        first.weight[0, :2] = torch.tensor([1.0, -1.0])
+    labels = torch.tensor([0, 1, 2, 0])
+    optimizer = torch.optim.SGD([*first.parameters(), *second.parameters()], lr=0.1)
+    if planter is not None or flip is not None:
+        moved = x * (1 + NOISE * torch.randn(x.shape, generator=generator))
+        assert moved[0, 0] != moved[0, 1]  # the noise moves the two apart
+        x = moved
+        if (x[0, 0] > x[0, 1]) != flip:
+            x[0, :2] = x[0, :2].flip(0)
+    with planter or contextlib.nullcontext(), detctx.recording(path):
+        for _ in range(2):
+            optimizer.zero_grad()
+            logits = second(torch.relu(first(x)))
+            torch.nn.functional.cross_entropy(logits, labels).backward()
+            optimizer.step()
+    return path
+
+
+def test_a_relu_mask_element_rounding_flips_is_inherited_noise(tmp_path: Path) -> None:
+    # One element the mask stops in A and passes in B: an error of a twentieth of the
+    # ReLU's backward, from an input error of 1e-7. The mask's count of zeros says so.
+    a = relu_run(tmp_path / "a.trace", None)
+    b = relu_run(tmp_path / "b.trace", True)
+    result = detctx.compare_traces(a, b)
+    masks = [entry for entry in result.past_tolerance if entry.op == "aten::threshold_backward"]
+    assert len(masks) == 2 and all(entry.error > 1e-2 for entry in masks)  # one a step
+    assert {entry.kind for entry in masks} == {"inherited"}
+    assert result.origin is None
+
+
+def test_a_change_at_a_relu_backward_whose_mask_did_not_flip_is_named(tmp_path: Path) -> None:
+    a = relu_run(tmp_path / "a.trace", None)
+    b = relu_run(tmp_path / "b.trace", False)
+    assert detctx.compare_traces(a, b).origin is None  # the noise alone
+    index, place = program_index(b, "aten::threshold_backward", "")
+    planter = Planter(place, "aten::threshold_backward", "x(1+1e-2)")
+    planted = relu_run(tmp_path / "planted.trace", False, planter)
+    result = detctx.compare_traces(a, planted)
+    origin = result.origin
+    assert origin is not None and (origin.index, origin.op) == (index, planter.planted_name)
+    assert "as many zeros in both runs" in result.format()

@@ -285,6 +285,10 @@ def _swap_min_max(row: np.ndarray) -> None:
         _set(6, 1e9),  # a norm no 100 values of at most 2 can have
         _set(0, 101.0),  # an element count its shape does not have
         _set(12, 1e6),  # a sketch number past its bound
+        _set(7, -1.0),  # a count of zeros that is not a count
+        _set(7, 2.5),
+        _set(7, 101.0),  # more zeros than values
+        _set(7, 100.0),  # every value zero, yet min and max are not
     ],
 )
 def test_a_crafted_trace_with_impossible_statistics_is_refused(

@@ -280,7 +280,10 @@ def compare_rank(
         absolute = error * scale
     cast = np.zeros(len(b), dtype=bool)
     cast[list(retyped)] = True
-    origin, input_error, notes = origins(b, op_error, absolute, past, estimated, argued, cast)
+    flipped = has & np.isfinite(stats_b[:, 7]) & (stats_a[:, 7] != stats_b[:, 7])
+    origin, input_error, notes = origins(
+        b, op_error, absolute, past, estimated, argued, cast, flipped
+    )
     for index, note in notes.items():
         differences.setdefault(index, note)
     bitwise = (

@@ -54,7 +54,7 @@ __all__ = [
 ]
 
 MAGIC: Final = b"DETCTXST"
-VERSION: Final = 4
+VERSION: Final = 5
 COMPLETED: Final = "completed"
 """The outcome of a recording whose block (or process) ran to its end."""
 UNSHARED: Final = "unshared"

@@ -25,7 +25,8 @@ noise of 1e-6 it meets first in a forward pass."""
 MASKS: Final = {"threshold_backward": 1, "hardtanh_backward": 1, "leaky_relu_backward": 1}
 """Ops that pass or stop each element by a mask input (ReLU's backward: the forward's output
 at that place): where the mask input carries any error, elements near the threshold can
-flip between two runs, which the statistics cannot tell from a change at the op."""
+flip between two runs. A flip changes the count of zeros of the mask (a ReLU's output) or
+of the op's output; a change to the op's values does not."""
 MARGIN: Final = 2.0
 """How many times the error its inputs explain an op's own must be, where its kind has a
 bound, for it to be an origin: the sketch estimates each error within a few percent
@@ -92,18 +93,22 @@ def origins(
     estimated: np.ndarray,
     argued: np.ndarray,
     retyped: np.ndarray,
+    flipped: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, dict[int, str]]:
     """Which ops of B past tolerance are origins, and every op's input error (its inputs'
     largest relative error, through ops without an estimate up the flow; 0 for data no
     recorded op made). ``error``: per op, relative; ``absolute``: per value, ``||a - b||``;
     ``argued``: ops called with other scalar arguments, origins whatever their inputs;
     ``retyped``: ops with an output of another dtype in A (autocast), whose rounding is
-    the change itself, judged by :data:`GROWTH` alone.
+    the change itself, judged by :data:`GROWTH` alone; ``flipped``: per value, whether
+    its count of zeros differs from its partner's.
 
     An op whose kind has a bound (:func:`explained_error`) is an origin when its error
     is more than :data:`MARGIN` times what its inputs explain; any other, when it is
-    more than :data:`GROWTH` times its inputs' largest relative error. Also returned:
-    what to say of an origin whose mask input carries error (:data:`MASKS`)."""
+    more than :data:`GROWTH` times its inputs' largest relative error. An op of
+    :data:`MASKS` whose mask input carries error and whose mask or output counts other
+    zeros in the two runs is not: elements flipped at the threshold explain any error.
+    Also returned: what to say of a mask op that stays an origin with error in its mask."""
     carried = np.where(estimated, np.nan_to_num(error, nan=0.0), 0.0)  # what it hands on
     producers = b.inputs["op"]
     starts = b.first_input
@@ -130,15 +135,20 @@ def origins(
     with np.errstate(invalid="ignore"):
         origin[judged] = own > MARGIN * bounds
     notes = {}
-    for op in np.flatnonzero(origin).tolist():
+    for op in np.flatnonzero(origin & ~argued).tolist():
         position = MASKS.get(kind_of(b.text(b.ops["op"][op])))
         if position is None or counts[op] <= position:
             continue
-        mask = producers[starts[op] + position]
-        if mask >= 0 and carried[mask] > 0:
-            notes[op] = (
-                f"its mask input carries error {carried[mask]:.3g}: elements near the threshold "
-                "may flip between the runs, which rounding noise alone can do, and which the "
-                "statistics do not tell from a change here"
-            )
+        mask = int(producers[starts[op] + position])
+        if mask < 0 or carried[mask] == 0:
+            continue
+        mask_value = int(b.first_value[mask]) + int(b.inputs["output"][starts[op] + position])
+        if flipped[mask_value] or flipped[b.first_value[op]]:
+            origin[op] = False  # elements the mask stops in one run and passes in the other
+            continue
+        notes[op] = (
+            f"its mask input carries error {carried[mask]:.3g}, and the mask and this op count "
+            "as many zeros in both runs: any elements near the threshold that rounding "
+            "flipped flipped as many each way, which the statistics do not tell from a change"
+        )
     return origin, received, notes

@@ -247,7 +247,8 @@ class _Reader:
 
     def check_statistics(self, values: np.ndarray, strings: list[str]) -> None:
         """Every output's statistics are ones an output of its shape can have: counts that are
-        counts and match the shape, finite min <= max with the mean between them, a norm
+        counts and match the shape (its zeros: some of its finite values, all of them exactly
+        where its min and max are 0), finite min <= max with the mean between them, a norm
         within what its largest value allows, a sketch within its bound; all zero for an
         output without finite values. A crafted NaN, Inf or min > max is refused here rather
         than compared."""
@@ -279,16 +280,27 @@ class _Reader:
         rest = stats[:, 3:]
         if not np.isfinite(rest).all():
             raise self.fail("an output whose statistics are not finite numbers")
-        low, high, mean, norm, sketch = (
+        low, high, mean, norm, zeros, sketch = (
             rest[:, 0],
             rest[:, 1],
             rest[:, 2],
             rest[:, 3],
-            rest[:, 4:],
+            rest[:, 4],
+            rest[:, 5:],
         )
         largest = np.maximum(np.abs(low), np.abs(high))
         room = _SLACK * largest
         finite = counts[:, 0] - counts[:, 1] - counts[:, 2]
+        if (
+            (zeros < 0)
+            | (zeros != np.floor(zeros))
+            | (zeros > finite)
+            | ((zeros == finite) != (largest == 0))
+        ).any():
+            raise self.fail(
+                "an output whose count of zeros is not a count of its finite values, or "
+                "disagrees with its min and max"
+            )
         empty = finite == 0
         if (empty & (rest != 0).any(axis=1)).any():
             raise self.fail("an output without finite values whose statistics are not zero")

@@ -2,8 +2,9 @@
 
 Every recorded output gets a fixed-size row of float64 numbers
 (:data:`STATISTICS` names them): its element count, NaN and Inf counts, the
-min, max and mean of its finite values, their L2 norm, and a sketch of
-:data:`SKETCH` numbers.
+min, max and mean of its finite values, their L2 norm, its count of zeros
+(an element a mask stops in one run and passes in the other changes it; a
+value scaled or rounded does not), and a sketch of :data:`SKETCH` numbers.
 
 **The sketch.** The output, read in logical order as ``n`` numbers (padded
 with zeros to a multiple of :data:`COLUMNS`), is laid out as a matrix ``X``
@@ -62,15 +63,15 @@ sketches on one machine; bitwise equality is decided by the digest, not by
 the sketch.
 
 **NaN and Inf.** An output holding them (an attention mask of ``-inf``) is
-counted (NaN, Inf), and its min, max, mean, norm and sketch are those of its
-finite values (in the sketch, the others taken as zeros; all zero when it
-has none): a difference among its finite values shows as in any other
-output, one in where the NaN and Inf lie does not (only their counts are
-compared).
+counted (NaN, Inf), and its min, max, mean, norm, count of zeros and sketch
+are those of its finite values (in the sketch, the others taken as zeros;
+all zero when it has none): a difference among its finite values shows as
+in any other output, one in where the NaN and Inf lie does not (only their
+counts are compared).
 
 Cost: one matrix product of ``SIGNS + 1`` multiply-adds an element (about
 1.7 ms for 2 million float32 numbers on one CPU core, twice an elementwise
-multiply), ``aminmax`` and a norm: three reads of the output; some ten
+multiply), ``aminmax``, a norm and a count of zeros: four reads of the output; some ten
 microseconds for a small output summarised with others.
 """
 
@@ -116,7 +117,7 @@ SKETCH: Final = SIGNS * FOLDS
 KEY: Final = 0x6465746374782D33
 """The public key the signs are drawn from (written in each trace's header; traces of
 another key, or another sketch shape, are not compared)."""
-STATISTICS: Final = ("count", "nan", "inf", "min", "max", "mean", "norm")
+STATISTICS: Final = ("count", "nan", "inf", "min", "max", "mean", "norm", "zeros")
 """The named statistics, in the order they start a row; the sketch follows."""
 
 FLOATS: Final = (torch.float32, torch.float64)
@@ -181,8 +182,8 @@ def scale_of(largest: float, safe: int) -> float:
 
 
 def measure(flat: torch.Tensor) -> np.ndarray:
-    """The ``SIGNS + 1`` rows of signed column sums (then the plain ones), then min, max,
-    norm, as float64."""
+    """The ``SIGNS + 1`` rows of signed column sums (then the plain ones), then the count of
+    zeros, min, max and norm, as float64."""
     rest = flat.numel() % COLUMNS
     padded = torch.cat([flat, flat.new_zeros(COLUMNS - rest)]) if rest else flat
     matrix = padded.view(-1, COLUMNS)
@@ -190,8 +191,10 @@ def measure(flat: torch.Tensor) -> np.ndarray:
     sums = (signs if flat.is_cpu else signs.to(flat.device)) @ matrix
     low, high = torch.aminmax(flat)
     norm = torch.linalg.vector_norm(flat)
-    numbers = torch.cat((sums.view(-1), torch.stack((low, high, norm)))).cpu()
-    return numbers.numpy().astype(np.float64)
+    zeros = torch.count_nonzero(flat == 0)  # exact in float64: float32 rounds past 2**24
+    ends = torch.stack((zeros.double(), low.double(), high.double(), norm.double()))
+    numbers = torch.cat((sums.view(-1).double(), ends)).cpu()
+    return numbers.numpy()
 
 
 def fill_row(row: np.ndarray, numbers: np.ndarray, scale: float) -> None:
@@ -223,11 +226,13 @@ def small_rows(arrays: list[np.ndarray]) -> np.ndarray:
             part = parts[index].astype(np.float64)
             kept = np.isfinite(part)
             row = result[index]
+            zeros = row[7]  # NaN is no zero: the count is the finite values' already
             row[3:] = 0.0
             if kept.any():
                 row[3:] = small_rows([np.where(kept, part, 0.0)])[0][3:]
                 row[3], row[4] = part[kept].min(), part[kept].max()
                 row[5] *= part.size / kept.sum()  # the mean of the finite values
+            row[7] = zeros
     largest = np.maximum(np.abs(result[:, 3]), np.abs(result[:, 4]))
     for index in np.flatnonzero(
         (largest > 2.0**_SAFE_IN_NUMPY) | ((largest > 0) & (largest < 2.0**-_SAFE_IN_NUMPY))
@@ -271,6 +276,7 @@ def _rows(flat: np.ndarray, counts: np.ndarray) -> np.ndarray:
         result[:, 4] = np.maximum.reduceat(flat, starts)
         result[:, 5] = sums[:, SIGNS].sum(axis=1) / counts
         result[:, 6] = norm
+        result[:, 7] = np.add.reduceat(flat == 0, starts)
         # A product per array and repeat, so each array's numbers are the ones it has
         # alone (one product over all arrays could sum in another order for another count).
         folded = np.matmul(sums[:, :SIGNS, None, :], sign_folds()[None]).reshape(len(counts), -1)

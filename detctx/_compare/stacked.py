@@ -89,6 +89,7 @@ def _stacked_rows(flat: torch.Tensor) -> list[np.ndarray | None]:
     low, high = torch.aminmax(flat[0]) if k == 1 else (flat.amin(dim=1), flat.amax(dim=1))
     low, high = low.reshape(k), high.reshape(k)
     norm = torch.linalg.vector_norm(flat, dim=1)
+    zeros = torch.count_nonzero(flat == 0, dim=1)
     sums_64 = sums.numpy().astype(np.float64)
     low_64, high_64 = low.numpy().astype(np.float64), high.numpy().astype(np.float64)
     norm_64 = norm.numpy().astype(np.float64)
@@ -103,6 +104,7 @@ def _stacked_rows(flat: torch.Tensor) -> list[np.ndarray | None]:
     result[:, 3], result[:, 4] = low_64, high_64
     result[:, 5] = sums_64[:, SIGNS].sum(axis=1) / count
     result[:, 6] = norm_64
+    result[:, 7] = zeros.numpy()
     folded = np.matmul(sums_64[:, :SIGNS, None, :], sign_folds()[None]).reshape(k, -1)
     with np.errstate(invalid="ignore", divide="ignore"):
         result[:, SKETCH_AT:] = np.where(norm_64[:, None] > 0, folded / norm_64[:, None], 0.0)
@@ -155,6 +157,7 @@ def statistics(tensor: torch.Tensor) -> np.ndarray | None:
         if batched is not None:
             return batched
     numbers = measure(flat)
+    row[7] = numbers[-4]  # of the values as they are (below, NaN and Inf become zeros)
     low, high = numbers[-3], numbers[-2]
     if not (math.isfinite(low) and math.isfinite(high)):
         finite = torch.isfinite(flat)
