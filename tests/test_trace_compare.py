@@ -231,8 +231,11 @@ def test_the_sketch_sees_a_change_in_one_element() -> None:
     assert np.isclose(row_a[6], float(a.norm()), rtol=1e-6)
 
 
-def _crafted(path: Path, flows: list[list[tuple[int, int]]]) -> None:
-    """A trace of one-output ops, op ``i`` reading ``flows[i]``: what a writer never writes."""
+def _crafted(
+    path: Path, flows: list[list[tuple[int, int]]], digests: tuple[tuple[int, int], ...] = ()
+) -> None:
+    """A trace of one-output ops, op ``i`` reading ``flows[i]``, its last with ``digests``
+    of inputs: what a writer never writes."""
     from detctx._compare.format import TraceWriter
 
     writer = TraceWriter(
@@ -242,29 +245,36 @@ def _crafted(path: Path, flows: list[list[tuple[int, int]]]) -> None:
     assert stats is not None
     where = (writer.string("aten::add.Tensor"), writer.string(""), writer.string("x.py:1"), 1, 1)
     value = (writer.string("float32"), writer.string("[4]"), 1, stats)
-    for inputs in flows:
-        writer.add(where, 0, [value], inputs)
+    for number, inputs in enumerate(flows):
+        writer.add(where, 0, [value], inputs, digests if number == len(flows) - 1 else ())
     writer.close()
 
 
 @pytest.mark.parametrize(
-    ("flows", "problem"),
+    ("flows", "digests", "problem"),
     [
-        ([[(0, 0)]], "an input said to come from an op that did not run before it"),
-        ([[], [(1, 0)]], "an input said to come from an op that did not run before it"),
-        ([[], [(0, 3)]], "an input said to be an output its producer does not have"),
-        ([[], [(-2, 0)]], "an input said to come from an op that did not run before it"),
+        ([[(0, 0)]], (), "an input said to come from an op that did not run before it"),
+        ([[], [(1, 0)]], (), "an input said to come from an op that did not run before it"),
+        ([[], [(0, 3)]], (), "an input said to be an output its producer does not have"),
+        ([[], [(-2, 0)]], (), "an input said to come from an op that did not run before it"),
+        ([[], [(0, 0)], [(-1, 0), (1, 0)]], ((1, 7),), "by a recorded op with a digest"),
     ],
 )
 def test_a_crafted_trace_whose_data_flow_points_nowhere_is_refused(
-    flows: list[list[tuple[int, int]]], problem: str, tmp_path: Path
+    flows: list[list[tuple[int, int]]],
+    digests: tuple[tuple[int, int], ...],
+    problem: str,
+    tmp_path: Path,
 ) -> None:
     from detctx._compare.reading import read_trace
 
     path = tmp_path / "crafted.trace"
-    _crafted(tmp_path / "fine.trace", [[], [(0, 0)], [(1, 0), (-1, 0)]])
-    assert len(read_trace(tmp_path / "fine.trace")) == 3
-    _crafted(path, flows)
+    # The digest of data no recorded op made, where an op reads it: written and read back.
+    _crafted(tmp_path / "fine.trace", [[], [(0, 0)], [(1, 0), (-1, 0)]], ((1, 2**127 + 5),))
+    fine = read_trace(tmp_path / "fine.trace")
+    assert len(fine) == 3
+    assert fine.inputs["high"].tolist() == [0, 0, 2**63] and fine.inputs["low"][2] == 5
+    _crafted(path, flows, digests)
     with pytest.raises(detctx.TraceError, match=problem):
         read_trace(path)
 

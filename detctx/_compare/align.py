@@ -37,6 +37,7 @@ __all__ = [
     "Matcher",
     "Partial",
     "align",
+    "fed_by_fused",
     "match",
 ]
 
@@ -278,3 +279,29 @@ def _merge(partial: list[Partial]) -> list[Partial]:
             )
         )
     return list(merged.values())
+
+
+def fed_by_fused(b: Trace, alignment: Alignment) -> dict[int, str]:
+    """Per op of B in a module one run computes with a fused kernel and the other with its
+    parts (an LSTM layer), or reading values that module's unpaired ops made (directly or
+    through other unpaired ops: the gradient sums of an unfused backward): that module.
+    A change inside it shows first where its values leave it, at such an op."""
+    if not alignment.fused:
+        return {}
+    source = np.full(len(b), -1, dtype=np.int64)
+    for number, (_, _, lo_b, hi_b) in enumerate(alignment.fused):
+        source[lo_b:hi_b] = number
+    paired = alignment.partner >= 0
+    producers = b.inputs["op"]
+    found: dict[int, str] = {}
+    for op in range(len(b)):
+        made = producers[b.first_input[op] : b.first_input[op + 1]]
+        made = made[made >= 0]
+        fed = source[made[~paired[made]]] if len(made) else source[:0]
+        fed = fed[fed >= 0]
+        if source[op] < 0 and len(fed) and not paired[op]:
+            source[op] = fed[0]  # an unpaired op passes the module on
+        module = source[op] if source[op] >= 0 else (fed[0] if len(fed) else -1)
+        if module >= 0:
+            found[op] = b.text(b.ops["module"][alignment.fused[int(module)][2]])
+    return found

@@ -46,10 +46,16 @@ from typing import Final
 
 import numpy as np
 
-from detctx._compare.align import Alignment, align
+from detctx._compare.align import Alignment, align, fed_by_fused
 from detctx._compare.format import Trace
 from detctx._compare.origins import origins
-from detctx._compare.parting import RANDOM_ADVICE, bits_part, random_op
+from detctx._compare.parting import (
+    RANDOM_ADVICE,
+    UNSEEN_ADVICE,
+    bits_part,
+    random_op,
+    unseen_differ,
+)
 from detctx._compare.scalars import scalar_difference
 from detctx._compare.sketch import STATISTICS, relative_difference
 
@@ -302,6 +308,8 @@ def compare_rank(
             lonely_a[lo_a:hi_a] = False
             lonely_b[lo_b:hi_b] = False
     parted = bits_part(a, b, op_partner, partner, same_bits)
+    for index in np.flatnonzero(unseen_differ(a, b, op_partner))[:_NAMED].tolist():
+        differences.setdefault(index, UNSEEN_ADVICE)
     for index in np.flatnonzero(parted)[:_NAMED].tolist():
         if random_op(b.text(b.ops["op"][index])):
             differences.setdefault(index, RANDOM_ADVICE)
@@ -322,7 +330,7 @@ def compare_rank(
         lonely_a,
         lonely_b,
         parted,
-        _fed_by_fused(b, alignment),
+        fed_by_fused(b, alignment),
     )
 
 
@@ -373,28 +381,3 @@ def _per_op(b: Trace, error: np.ndarray, allowed: np.ndarray) -> tuple[np.ndarra
     worst[none], tolerance[none] = np.nan, np.nan
     return worst, tolerance
 
-
-def _fed_by_fused(b: Trace, alignment: Alignment) -> dict[int, str]:
-    """Per op of B in a module one run computes with a fused kernel and the other with its
-    parts (an LSTM layer), or reading values that module's unpaired ops made (directly or
-    through other unpaired ops: the gradient sums of an unfused backward): that module.
-    A change inside it shows first where its values leave it, at such an op."""
-    if not alignment.fused:
-        return {}
-    source = np.full(len(b), -1, dtype=np.int64)
-    for number, (_, _, lo_b, hi_b) in enumerate(alignment.fused):
-        source[lo_b:hi_b] = number
-    paired = alignment.partner >= 0
-    producers = b.inputs["op"]
-    found: dict[int, str] = {}
-    for op in range(len(b)):
-        made = producers[b.first_input[op] : b.first_input[op + 1]]
-        made = made[made >= 0]
-        fed = source[made[~paired[made]]] if len(made) else source[:0]
-        fed = fed[fed >= 0]
-        if source[op] < 0 and len(fed) and not paired[op]:
-            source[op] = fed[0]  # an unpaired op passes the module on
-        module = source[op] if source[op] >= 0 else (fed[0] if len(fed) else -1)
-        if module >= 0:
-            found[op] = b.text(b.ops["module"][alignment.fused[int(module)][2]])
-    return found

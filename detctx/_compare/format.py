@@ -7,7 +7,8 @@ first used in it, its row counts) and three arrays of fixed-size
 little-endian rows: ops (:data:`OP`: name, module path, source line, autograd
 node and scalar arguments as string numbers, counts and digest), their
 outputs' statistics and digests
-(:data:`VALUE`) and their inputs' producers (:data:`INPUT`, the data flow).
+(:data:`VALUE`) and their inputs' producers (:data:`INPUT`, the data flow; the
+digest of an input no recorded op made).
 An end chunk holds the totals and how the recorded block ended
 (:data:`COMPLETED`, or the exception that left it), so a trace cut short (a
 run killed before it closed it) is told from a complete one, and a run that
@@ -49,8 +50,10 @@ __all__ = [
     "UNSHARED",
     "VALUE",
     "VERSION",
+    "Inputs",
     "Trace",
     "TraceWriter",
+    "Unseen",
 ]
 
 MAGIC: Final = b"DETCTXST"
@@ -88,7 +91,14 @@ VALUE: Final = np.dtype(
         ("stats", "<f8", (len(STATISTICS) + SKETCH,)),
     ]
 )
-INPUT: Final = np.dtype([("op", "<i8"), ("output", "<u4")])
+Inputs = list[tuple[int, int]]
+"""Each input's producer: the op and output that last wrote its memory, or ``(-1, 0)``."""
+Unseen = tuple[tuple[int, int], ...]
+"""The digests of an op's inputs no recorded op made: ``(place among its inputs, digest)``."""
+INPUT: Final = np.dtype([("op", "<i8"), ("output", "<u4"), ("high", "<u8"), ("low", "<u8")])
+"""An input: the op and output that made it (``op`` -1: no recorded op), and for data no
+recorded op made that the op reads (the batch, memory allocated unseen), its digest (0 where
+it has a producer, or where its bits are not known)."""
 START: Final = struct.Struct("<8sIII")
 """Magic, version, the header's length and its CRC-32."""
 CHUNK: Final = struct.Struct("<cQI")
@@ -117,6 +127,7 @@ class TraceWriter:
         self._ops: list[tuple[int, ...]] = []
         self._values: list[tuple[int, int, int, np.ndarray]] = []
         self._inputs: list[tuple[int, int]] = []
+        self._unseen: list[tuple[int, int]] = []
         self.totals = [0, 0, 0]
 
     def string(self, text: str) -> int:
@@ -131,14 +142,18 @@ class TraceWriter:
         where: tuple[int, int, int, int, int],
         digest: int,
         values: list[tuple[int, int, int, np.ndarray]],
-        inputs: list[tuple[int, int]],
+        inputs: Inputs,
+        unseen: Unseen = (),
     ) -> None:
         """One op: its (op, module, source, node, scalar arguments) strings, digest,
-        outputs (dtype and shape strings, digest, row) and producers."""
+        outputs (dtype and shape strings, digest, row), producers, and the digests of
+        inputs without one (``(place among its inputs, digest)``)."""
         if self._header is not None:
             self._write_header()
         self._ops.append((*where, len(values), len(inputs), digest >> 64, digest & _WORD))
         self._values.extend(values)
+        for place, read in unseen:
+            self._unseen.append((len(self._inputs) + place, read))
         self._inputs.extend(inputs)
         if len(self._ops) >= _ROWS:
             self.flush()
@@ -171,7 +186,12 @@ class TraceWriter:
             value_rows["high"] = [value[2] >> 64 for value in self._values]
             value_rows["low"] = [value[2] & _WORD for value in self._values]
             value_rows["stats"] = np.stack([value[3] for value in self._values])
-        input_rows = np.array(self._inputs, dtype=INPUT)
+        input_rows = np.zeros(len(self._inputs), dtype=INPUT)
+        if self._inputs:
+            made = np.array(self._inputs, dtype=np.int64).reshape(-1, 2)
+            input_rows["op"], input_rows["output"] = made[:, 0], made[:, 1]
+        for row, read in self._unseen:
+            input_rows["high"][row], input_rows["low"][row] = read >> 64, read & _WORD
         counts = [len(op_rows), len(value_rows), len(input_rows)]
         prefix = json.dumps({"strings": self._new, "rows": counts}).encode()
         payload = b"".join(
@@ -185,7 +205,7 @@ class TraceWriter:
         )
         self._write(b"B", payload)
         self.totals = [total + count for total, count in zip(self.totals, counts)]
-        self._new, self._ops, self._values, self._inputs = [], [], [], []
+        self._new, self._ops, self._values, self._inputs, self._unseen = [], [], [], [], []
 
     def _write(self, kind: bytes, payload: bytes) -> None:
         assert self._file is not None
@@ -194,7 +214,7 @@ class TraceWriter:
     def abandon(self) -> None:
         """Write nothing more (a forked child's copy of the writer)."""
         self._file = None
-        self._ops, self._values, self._inputs, self._new = [], [], [], []
+        self._ops, self._values, self._inputs, self._new, self._unseen = [], [], [], [], []
 
     def cut(self) -> None:
         """Close the file without its end chunk: it reads as a trace cut short."""

@@ -8,12 +8,14 @@ every op is within tolerance (a GELU switched to its tanh form: 5e-5 at the
 op, under float32's 3e-4). An input counts as the same bits when the data
 flow lines it up with the value the partner read in A (the output of the
 partner of the op that made it) and their digests are equal (the tensor a
-random op fills in place is written, not read, and does not count); data no
-recorded op made (parameters from before the recording, the batch) is not
-known to be equal, so an op reading it is never said to be where the bits
-part. A random op whose inputs agree and whose draws do not is named as
-such: its generator draws other numbers (another torch release or device), and
-the advice points at portable draws (:mod:`detctx._compare.portable`).
+random op fills in place is written, not read, and does not count). Data no
+recorded op made and that has no row of its own (the batch, memory allocated
+where the recorder does not see it) counts when both runs read it at that
+place and its digests, taken as it was read, are equal; where they differ,
+:func:`unseen_differ` names the op. A random op whose inputs agree and whose
+draws do not is named as such: its generator draws other numbers (another
+torch release or device), and the advice points at portable draws
+(:mod:`detctx._compare.portable`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import torch
 
 from detctx._compare.format import READ_OP, STATE_OP, Trace
 
-__all__ = ["RANDOM_ADVICE", "bits_part", "random_op"]
+__all__ = ["RANDOM_ADVICE", "UNSEEN_ADVICE", "bits_part", "random_op", "unseen_differ"]
 
 RANDOM_ADVICE = (
     "a random op whose inputs are the same bits: the generators draw differently (each "
@@ -35,6 +37,49 @@ RANDOM_ADVICE = (
     "device there (two portable recordings draw differently only with other seeds, or "
     "where one ran other random ops before)"
 )
+
+UNSEEN_ADVICE = (
+    "it reads data no recorded op made (a batch from NumPy or a DataLoader worker, memory "
+    "allocated where the recorder does not see it) whose bits differ from what A read here"
+)
+
+
+def _read_pairs(
+    a: Trace, b: Trace, op_partner: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The paired ops of B that read as many tensors as their partners, their input rows
+    and their partners', and how many inputs each reads."""
+    paired = op_partner >= 0
+    partner = np.maximum(op_partner, 0)
+    counts = b.ops["inputs"].astype(np.int64)
+    readers = np.flatnonzero(paired & (counts == a.ops["inputs"][partner]))
+    many = counts[readers]
+    offsets = np.arange(many.sum()) - np.repeat(np.cumsum(many) - many, many)
+    made_b = b.inputs[np.repeat(b.first_input[readers], many) + offsets]
+    made_a = a.inputs[np.repeat(a.first_input[partner[readers]], many) + offsets]
+    return readers, made_a, made_b, many
+
+
+def _unseen_same(made_a: np.ndarray, made_b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per input pair: both are data no recorded op made, with digests equal; with
+    digests that differ."""
+    both = (made_a["op"] < 0) & (made_b["op"] < 0)
+    both &= ((made_a["high"] != 0) | (made_a["low"] != 0)) & (
+        (made_b["high"] != 0) | (made_b["low"] != 0)
+    )
+    same = (made_a["high"] == made_b["high"]) & (made_a["low"] == made_b["low"])
+    return both & same, both & ~same
+
+
+def unseen_differ(a: Trace, b: Trace, op_partner: np.ndarray) -> np.ndarray:
+    """Per op of B: it reads data no recorded op made whose digest differs from what its
+    partner read at that place."""
+    found = np.zeros(len(b), dtype=bool)
+    readers, made_a, made_b, many = _read_pairs(a, b, op_partner)
+    if len(made_b):
+        _, differ = _unseen_same(made_a, made_b)
+        found[np.repeat(readers, many)[differ]] = True
+    return found
 
 
 def bits_part(
@@ -49,20 +94,17 @@ def bits_part(
     outputs' digest is not the partner's."""
     paired = op_partner >= 0
     partner = np.maximum(op_partner, 0)
-    counts = b.ops["inputs"].astype(np.int64)
-    readers = np.flatnonzero(paired & (counts == a.ops["inputs"][partner]))
+    readers, made_a, made_b, many = _read_pairs(a, b, op_partner)
     same_inputs = np.zeros(len(b), dtype=bool)
-    same_inputs[readers[counts[readers] == 0]] = True
-    readers = readers[counts[readers] > 0]
+    same_inputs[readers[many == 0]] = True
+    readers, many = readers[many > 0], many[many > 0]
     if len(readers):
-        many = counts[readers]
         offsets = np.arange(many.sum()) - np.repeat(np.cumsum(many) - many, many)
-        made_b = b.inputs[np.repeat(b.first_input[readers], many) + offsets]
-        made_a = a.inputs[np.repeat(a.first_input[partner[readers]], many) + offsets]
         known = (made_b["op"] >= 0) & (made_a["op"] >= 0)
         vb = b.first_value[np.maximum(made_b["op"], 0)] + made_b["output"].astype(np.int64)
         va = a.first_value[np.maximum(made_a["op"], 0)] + made_a["output"].astype(np.int64)
         agree = known & (value_partner[vb] == va) & same_bits[vb]
+        agree |= _unseen_same(made_a, made_b)[0]
         # A random fill in place (bernoulli_, normal_, uniform_, ...) writes its first
         # input without reading its values: what was there does not count.
         names, which = np.unique(b.ops["op"][readers], return_inverse=True)

@@ -244,6 +244,8 @@ class _Reader:
             made = producer >= 0
             if (inputs["output"][made] >= ops["outputs"][producer[made]]).any():
                 raise self.fail("an input said to be an output its producer does not have")
+            if ((inputs["high"][made] != 0) | (inputs["low"][made] != 0)).any():
+                raise self.fail("an input made by a recorded op with a digest of its own")
 
     def check_statistics(self, values: np.ndarray, strings: list[str]) -> None:
         """Every output's statistics are ones an output of its shape can have: counts that are

@@ -13,8 +13,9 @@ backward op carries its forward op's, kept in the autograd node's
 :mod:`detctx._compare.summaries`, on a helper thread where a core is spare)
 and, for each tensor it reads, the op and output that last wrote the tensor's
 memory: the data flow. A view reads the memory its base was written to; a copy
-(``clone``) passes its source's producer on; memory written by no recorded op
-(parameters from before the recording, a batch from NumPy) has no producer.
+(``clone``) passes its source's producer on; a parameter, buffer or constant no
+recorded op made gets a row where first read; other memory written by no
+recorded op (a batch from NumPy) has no producer, only its digest as read.
 """
 
 from __future__ import annotations
@@ -36,13 +37,13 @@ from detctx._compare.collectives import (
     plain_tensors,
     reads,
 )
-from detctx._compare.format import READ_OP, STATE_OP, TraceWriter
+from detctx._compare.format import READ_OP, STATE_OP, Inputs, TraceWriter, Unseen
 from detctx._compare.memory import Producers, memory_key
 from detctx._compare.naming import TensorNames
 from detctx._compare.portable import PortableRandom
 from detctx._compare.scalars import scalar_arguments
 from detctx._compare.summaries import Summaries, spare_core
-from detctx._locate import Recorder, new_values, op_info
+from detctx._locate import PUBLIC_KEY, Recorder, new_values, op_info, tensor_digest
 
 __all__ = ["StatisticsRecorder"]
 
@@ -64,8 +65,6 @@ _FRESH: Final = (-2, 0)
 """Memory an op not recorded made inside the recording (``empty``, a workspace)."""
 _CONSTANT: Final = (-3, 0)
 """Memory a constant op made (``zeros_like``, ``arange``): a row where first read."""
-Inputs = list[tuple[int, int]]
-"""Each input's producer: the op and output that last wrote its memory, or ``(-1, 0)``."""
 
 
 def _every(issued: dict[int, list[Issued]]) -> list[Issued]:
@@ -216,7 +215,7 @@ class StatisticsRecorder(Recorder):
             result = info.call(*args, **kwargs)
             self._pass_on(func, info, read, plain_tensors([result]))
             return result
-        inputs = self._inputs(read, _written(func, args, kwargs))
+        inputs, unseen = self._inputs(read, _written(func, args, kwargs))
         if self.portable is not None and self.portable.handles(func):
             result = self.portable.call(func, args, kwargs)
         else:
@@ -237,20 +236,23 @@ class StatisticsRecorder(Recorder):
             noted = placements(outputs)  # DTensors: each rank's shard, its placements noted
             where = (where[0], f"{where[1]} [{noted}]" if noted else where[1], where[2])
             outputs = [local(tensor) for tensor in outputs]
-        self._record((info.name, *where, scalar_arguments(func, args, kwargs)), outputs, inputs)
+        strings = (info.name, *where, scalar_arguments(func, args, kwargs))
+        self._record(strings, outputs, inputs, unseen)
         return result
 
-    def _inputs(self, read: list[torch.Tensor], written: set[int]) -> Inputs:
+    def _inputs(self, read: list[torch.Tensor], written: set[int]) -> tuple[Inputs, Unseen]:
         """The producer of each tensor ``read``; a parameter or buffer no recorded op made
         (before its first update), or a constant (an optimizer's first moments), gets a row
         of its own first, named: the compare then knows its values, and names it where it
         differs. Not one the op only writes (``written``, by ``id``: ``out=``, the one a
         random op fills). Other data no recorded op made (the batch, memory allocated where
         the recorder does not see it: FSDP2's resized storages, a collective's buffers) has
-        no producer: what its memory holds, and whether it is that data at all, is not
-        known."""
-        found = []
-        for tensor in read:
+        no producer, only its digest as read (not memory made uninitialised): where it came
+        from, and whether it is the same data in another run, is not known; whether it is
+        the same bits is."""
+        found: Inputs = []
+        unseen: list[tuple[int, int]] = []
+        for place, tensor in enumerate(read):
             known = self._producers.writer_of(tensor)
             if known is not None and known[0] >= 0:
                 found.append(known)
@@ -263,17 +265,21 @@ class StatisticsRecorder(Recorder):
                     row = (READ_OP, self.modules.current(), f"[{name}]", "", "")
                     self._record(row, [local(tensor)], [])
                 found.append(self._producer(tensor))
-            else:
-                found.append(_NONE)
-        return found
+                continue
+            found.append(_NONE)
+            if known is None and id(tensor) not in written:
+                with own_work():
+                    unseen.append((place, tensor_digest(local(tensor), key=PUBLIC_KEY) or 0))
+        return found, tuple(unseen)
 
     def _record(
         self,
         strings: tuple[str, str, str, str, str],
         outputs: list[torch.Tensor],
         inputs: Inputs,
+        unseen: Unseen = (),
     ) -> None:
-        self.summaries.put(strings, outputs, inputs)
+        self.summaries.put(strings, outputs, inputs, unseen)
         for position, tensor in enumerate(outputs):
             self._producers.wrote(tensor, (self.count, position))
         self.count += 1

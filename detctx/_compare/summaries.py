@@ -42,7 +42,7 @@ from typing import Final
 import numpy as np
 import torch
 
-from detctx._compare.format import TraceWriter
+from detctx._compare.format import Inputs, TraceWriter, Unseen
 from detctx._compare.sketch import (
     SKETCH,
     STATISTICS,
@@ -134,7 +134,7 @@ def _row(tensor: torch.Tensor) -> np.ndarray:
 
 _Strings = tuple[str, str, str, str, str]
 """An op's name, module path, source line, autograd node and scalar arguments."""
-_Op = tuple[_Strings, list[_Output], list[tuple[int, int]], int]
+_Op = tuple[_Strings, list[_Output], Inputs, int, Unseen]
 
 
 class Summaries:
@@ -161,9 +161,10 @@ class Summaries:
         self._staging: Staging | None = None
 
     def put(
-        self, strings: _Strings, outputs: list[torch.Tensor], inputs: list[tuple[int, int]]
+        self, strings: _Strings, outputs: list[torch.Tensor], inputs: Inputs, unseen: Unseen = ()
     ) -> None:
-        """One recorded op: its (op, module, source, node) strings, outputs and producers."""
+        """One recorded op: its (op, module, source, node) strings, outputs, producers, and
+        digests of the inputs without one."""
         if self._decide is not None:
             decide, self._decide = self._decide, None
             if decide():
@@ -177,7 +178,7 @@ class Summaries:
         if not helper:
             with self._failing():
                 summaries = self._outputs(outputs)
-                self._batch.append((strings, summaries, inputs, 0))
+                self._batch.append((strings, summaries, inputs, 0, unseen))
                 self._batch_bytes += sum(output.size for output in summaries)
                 if len(self._batch) >= BATCH_OPS or self._batch_bytes >= HANDOFF_BYTES:
                     batch, self._batch, self._batch_bytes = self._batch, [], 0
@@ -188,7 +189,7 @@ class Summaries:
         except Exception as exc:
             raise self._fail_beside_helper(exc)  # noqa: B904 (its cause is the failure)
         size = sum(output.size for output in summaries)
-        op = (strings, summaries, inputs, size)
+        op = (strings, summaries, inputs, size, unseen)
         with self._changed:
             while not self._failure and (
                 len(self._queue) + self._in_hand >= PENDING_OPS
@@ -369,11 +370,11 @@ class Summaries:
                 output.digest = (
                     next(large) if in_stage else tensor_digest(copy, key=PUBLIC_KEY) or 0
                 )
-        for strings, outputs, inputs, _ in batch:
-            self._write(strings, outputs, inputs)
+        for strings, outputs, inputs, _, unseen in batch:
+            self._write(strings, outputs, inputs, unseen)
 
     def _write(
-        self, strings: _Strings, outputs: list[_Output], inputs: list[tuple[int, int]]
+        self, strings: _Strings, outputs: list[_Output], inputs: Inputs, unseen: Unseen
     ) -> None:
         writer = self.writer
         values: list[tuple[int, int, int, np.ndarray]] = []
@@ -394,4 +395,5 @@ class Summaries:
             writer.string(node),
             writer.string(scalars),
         )
-        writer.add(numbers, combine_digests([output.digest for output in outputs]), values, inputs)
+        digest = combine_digests([output.digest for output in outputs])
+        writer.add(numbers, digest, values, inputs, unseen)
