@@ -168,7 +168,7 @@ def test_a_failing_summary_stops_the_program_and_leaves_the_trace_cut_short(
 ) -> None:
     _helper(monkeypatch, helper)
 
-    def broken(tensor: object) -> None:
+    def broken(tensor: object, **_: object) -> None:
         raise MemoryError("no room for the sketch")
 
     monkeypatch.setattr(summaries_module, "statistics", broken)

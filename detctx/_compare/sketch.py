@@ -191,8 +191,12 @@ def measure(flat: torch.Tensor) -> np.ndarray:
     sums = (signs if flat.is_cpu else signs.to(flat.device)) @ matrix
     low, high = torch.aminmax(flat)
     norm = torch.linalg.vector_norm(flat)
-    zeros = torch.count_nonzero(flat == 0)  # exact in float64: float32 rounds past 2**24
-    ends = torch.stack((zeros.double(), low.double(), high.double(), norm.double()))
+    if flat.is_cpu:  # NumPy counts some ten times faster, on a copy (a program's tensor
+        # NumPy has seen cannot be resized again)
+        zeros = torch.tensor(np.count_nonzero(flat.clone().numpy() == 0), dtype=torch.float64)
+    else:  # counted exactly: float32 rounds past 2**24
+        zeros = (flat == 0).sum(dtype=torch.int64).double()
+    ends = torch.stack((zeros, low.double(), high.double(), norm.double()))
     numbers = torch.cat((sums.view(-1).double(), ends)).cpu()
     return numbers.numpy()
 

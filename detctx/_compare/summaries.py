@@ -364,7 +364,8 @@ class Summaries:
             staged = [copy.nbytes <= STAGED for copy in copies]
             in_buffer = [copy for copy, in_stage in zip(copies, staged) if in_stage]
             large = iter(staged_digests(self._staging_buffer(), in_buffer))
-            for output, copy, row, in_stage in zip(copied, copies, float_rows(copies), staged):
+            measured = float_rows(copies, own=True)
+            for output, copy, row, in_stage in zip(copied, copies, measured, staged):
                 output.copy = None
                 output.row = row if row is not None else _row(copy)
                 output.digest = (
