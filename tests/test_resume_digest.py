@@ -204,3 +204,14 @@ def test_a_resume_state_mixed_from_two_ranks_names_dcp_resume_state_where_dcp_is
     with pytest.raises(CheckpointError) as plain:
         detctx.resume(mixed, elastic())
     assert "dcp_resume_state" not in str(plain.value)
+
+
+def test_digesting_a_state_leaves_its_tensors_memory_resizable() -> None:
+    # The digest reads a copy's bytes: a tensor NumPy has seen can never be resized again
+    # (torch 2.13), which FSDP2 does to its parameters' storages.
+    from detctx._basics import plain_digest
+
+    weights = torch.zeros(16)
+    plain_digest({"weights": weights, "nested": [weights[4:]]})
+    weights.untyped_storage().resize_(0)
+    assert weights.untyped_storage().nbytes() == 0

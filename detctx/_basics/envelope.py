@@ -68,7 +68,10 @@ def _feed(sink: Any, value: Any, torch: Any) -> None:
         for item in value:
             _feed(sink, item, torch)
     elif isinstance(value, torch.Tensor):
-        data = value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        # Bytes of a copy: NumPy never sees the tensor's own memory (torch then keeps that
+        # storage from being resized, as FSDP2 does to its parameters).
+        raw = value.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+        data = raw.clone().numpy().tobytes()
         shape = ",".join(map(str, value.shape))
         sink.update(b"t%s;%s;%d;" % (str(value.dtype).encode(), shape.encode(), len(data)))
         sink.update(data)
