@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import portable_gpt
 import pytest
 import torch
 
@@ -26,13 +25,26 @@ from detctx._compare.reading import read_trace
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "examples"))
+import across  # noqa: E402 (the example's folder first)
+
+PORTABLE_SEED = 1234
+DROPOUT = 0.2
 TORCH_2_1_TRACE = Path(__file__).parent / "data" / "portable-random-torch-2.1.2.trace"
-"""tests/portable_gpt.py's step recorded on torch 2.1.2 with ``portable_random=1234``; made
-again as that file's docstring says."""
+"""examples/across.py's step with dropout 0.2 (one step: its masks, SDPA's among them, and
+its initial weights drawn inside the recording), recorded on torch 2.1.2 (CPU, one thread)
+with ``portable_random=1234``.
+
+Made again when the example or the trace format changes, from the project's folder, in an
+environment with torch 2.1.2 and this detctx installed: ``python -c "import sys, torch;
+sys.path.insert(0, 'examples'); import across, detctx; torch.set_num_threads(1);
+ctx = detctx.recording('tests/data/portable-random-torch-2.1.2.trace', portable_random=1234);
+ctx.__enter__(); across.train(steps=1, p=0.2); ctx.__exit__(None, None, None)"``.
+"""
 SCALE_LINE = next(
     number
-    for number, line in enumerate(Path(portable_gpt.__file__).read_text().splitlines(), start=1)
-    if line.strip() == portable_gpt.SCALE_LINE
+    for number, line in enumerate(Path(across.__file__).read_text().splitlines(), start=1)
+    if line.strip() == across.SCALE_LINE
 )
 
 
@@ -340,8 +352,8 @@ def test_a_trace_from_torch_2_1_with_the_same_portable_seed_compares_with_this_t
     # side is still the origin across the two releases.
     torch.manual_seed(0)
     here = tmp_path / "here.trace"
-    with detctx.recording(here, portable_random=portable_gpt.PORTABLE_SEED):
-        portable_gpt.train(scale_layer=scale_layer)
+    with detctx.recording(here, portable_random=PORTABLE_SEED):
+        across.train(steps=1, p=DROPOUT, scale_layer=scale_layer)
     status, result = compare(TORCH_2_1_TRACE, here, capsys)
     releases = result["environment_differences"].get("torch", [torch.__version__])
     assert releases[0].startswith("2.1.2")
@@ -352,7 +364,7 @@ def test_a_trace_from_torch_2_1_with_the_same_portable_seed_compares_with_this_t
         origin = result["origin"]
         assert status == 1 and origin["op"] == "aten::mul.Tensor"
         assert origin["module_path"] == "GPT.h.0.mlp"
-        assert origin["source"].endswith(f"portable_gpt.py:{SCALE_LINE}")
+        assert origin["source"].endswith(f"across.py:{SCALE_LINE}")
 
 
 SCRIPT = """
