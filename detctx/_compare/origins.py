@@ -148,7 +148,7 @@ def origins(
             continue
         notes[op] = (
             f"its mask input carries error {carried[mask]:.3g}, and the mask and this op count "
-            "as many zeros in both runs: any elements near the threshold that rounding "
-            "flipped flipped as many each way, which the statistics do not tell from a change"
+            "as many zeros in both runs: elements near the threshold that rounding flips "
+            "would have flipped as many each way, which the statistics do not tell from a change"
         )
     return origin, received, notes
