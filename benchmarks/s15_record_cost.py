@@ -5,10 +5,12 @@ families: HF GPT-2 and Llama, a ResNet-style CNN with BatchNorm, an LSTM
 language model; and the nanoGPT step ``locate`` is measured on, at its three
 sizes), one torch thread. A round runs ``--steps`` training steps (forward,
 backward, AdamW) unrecorded, the same steps under a dispatch mode that only
-forwards each op (the floor any op-by-op recording pays in torch), and the
-same steps recorded into a trace (opening, header and closing included), in a
-rotating order; the rows are the medians over the rounds. The note says how
-many ops a step records and what each costs beyond the plain step.
+forwards each op (the floor any op-by-op recording pays in torch), under one
+that also copies each output (the floor of any recording that reads every
+output's values op by op in Python), and the same steps recorded into a
+trace (opening, header and closing included), in a rotating order; the rows
+are the medians over the rounds. The note says how many ops a step records
+and what each costs beyond the plain step.
 
 Targets (issue 46): at most 2x on GPT-2, Llama, the LSTM and the CNN, at
 most 1.5x on nanoGPT small.
@@ -88,11 +90,23 @@ class _Forward:
         return func(*args, **kwargs)
 
 
+class _Copying:
+    """A recorder that copies each op's tensor outputs (and lets the copy go), and nothing
+    else: the least any recording that reads every output's values pays op by op in Python."""
+
+    def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        result = func(*args, **kwargs)
+        for value in result if isinstance(result, (tuple, list)) else (result,):
+            if type(value) is torch.Tensor:
+                value.detach().clone()
+        return result
+
+
 @contextlib.contextmanager
-def forwarding() -> Iterator[None]:
+def forwarding(recorder: Any = None) -> Iterator[None]:
     from detctx._locate import dispatch_mode
 
-    mode = dispatch_mode(_Forward())
+    mode = dispatch_mode(recorder or _Forward())
     with mode:
         yield
 
@@ -110,12 +124,16 @@ def contenders(step: Callable[[], None], steps: int, folder: Path) -> dict[str, 
         with forwarding():
             plain()
 
+    def copied() -> None:
+        with forwarding(_Copying()):
+            plain()
+
     def recorded() -> None:
         with detctx.recording(trace):
             plain()
         trace.unlink()
 
-    return {"plain": plain, "forwarding": forwarded, "recorded": recorded}
+    return {"plain": plain, "forwarding": forwarded, "copying": copied, "recorded": recorded}
 
 
 def ops_per_step(step: Callable[[], None], folder: Path) -> int:
@@ -160,7 +178,8 @@ def run(
                     note=(
                         f"{count} ops a step; {per_op * 1e6:.0f} us an op beyond the plain "
                         f"step; a mode that only forwards: "
-                        f"{stats['forwarding'].median / plain.median:.2f}x"
+                        f"{stats['forwarding'].median / plain.median:.2f}x, one that copies "
+                        f"each output: {stats['copying'].median / plain.median:.2f}x"
                     ),
                 )
             )
@@ -170,13 +189,22 @@ def run(
                     str(count),
                     f"{plain.median * 1e3 / steps:.1f} ms",
                     f"{stats['forwarding'].median / plain.median:.2f}x",
+                    f"{stats['copying'].median / plain.median:.2f}x",
                     f"{recorded.median / plain.median:.2f}x",
                     f"{per_op * 1e6:.0f} us",
                 ]
             )
     table = Table(
         "Recording cost per model",
-        ["model", "ops a step", "plain step", "forwarding only", "recorded", "per op"],
+        [
+            "model",
+            "ops a step",
+            "plain step",
+            "forwarding only",
+            "copying each output",
+            "recorded",
+            "per op",
+        ],
         lines,
         note=f"{steps} step(s) a round, {repeat} rounds, medians; one torch thread",
     )
