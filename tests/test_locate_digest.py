@@ -330,8 +330,11 @@ def test_the_whole_rows_shortcut_gives_the_digest_or_declines(dtype: torch.dtype
     assert whole_rows_digest(values.conj()) is None
 
 
-@pytest.mark.parametrize("rows", [1, 3, 64, 65, 130])
-def test_the_float32_products_give_the_int8_product_exactly_at_the_extremes(rows: int) -> None:
+@pytest.mark.parametrize("own", [False, True])
+@pytest.mark.parametrize("rows", [1, 3, 16, 17, 64, 65, 130])
+def test_the_float32_products_give_the_int8_product_exactly_at_the_extremes(
+    rows: int, own: bool
+) -> None:
     # Where the CPU has no int8 dot products, the reduce step multiplies in float32,
     # 1024 bytes a product: every partial sum must stay an integer float32 holds.
     from detctx._locate import products as module
@@ -349,7 +352,7 @@ def test_the_float32_products_give_the_int8_product_exactly_at_the_extremes(rows
     for data in extremes:
         # float64 holds every such sum exactly (below 2**27): the int8 product's sums.
         exact = (data.double() @ weights.double()).to(torch.int32)
-        assert torch.equal(module._float_product(data, weights), exact)
+        assert torch.equal(module._float_product(data, weights, own), exact)
 
 
 @pytest.mark.parametrize("floats", [True, False])
@@ -365,3 +368,22 @@ def test_a_large_tensor_has_one_digest_whichever_product_this_cpu_takes(
     assert whole_rows_digest(tensor[:, :ROW_BYTES].contiguous()) == digest(
         tensor[:, :ROW_BYTES].contiguous()
     )
+
+
+@pytest.mark.parametrize("floats", [True, False])
+def test_a_large_digest_leaves_the_programs_memory_resizable_and_own_copies_agree(
+    floats: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Only detctx's own copies are read by NumPy in place (``own``): a tensor NumPy has
+    # seen can never be resized again, and FSDP2 resizes its parameters' storage.
+    from detctx._locate import products as module
+
+    monkeypatch.setattr(module, "_method", [floats])
+    generator = torch.Generator().manual_seed(11)
+    for size in (STAGED + 1, 3 * ROW_BYTES // 4 + 17, 40 * ROW_BYTES):
+        tensor = torch.randn(size, generator=generator)
+        expected = digest(tensor)
+        assert digest(tensor.clone(), own=True) == expected
+        whole = whole_rows_digest(tensor)
+        assert whole is None or whole == expected
+        tensor.untyped_storage().resize_(0)  # raises if NumPy had seen this memory

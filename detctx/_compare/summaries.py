@@ -369,7 +369,7 @@ class Summaries:
                 output.copy = None
                 output.row = row if row is not None else _row(copy)
                 output.digest = (
-                    next(large) if in_stage else tensor_digest(copy, key=PUBLIC_KEY) or 0
+                    next(large) if in_stage else tensor_digest(copy, key=PUBLIC_KEY, own=True) or 0
                 )
         for strings, outputs, inputs, _, unseen in batch:
             self._write(strings, outputs, inputs, unseen)

@@ -152,19 +152,22 @@ def layout_halves(dtype: torch.dtype, shape: tuple[int, ...]) -> tuple[int, int]
     return halves
 
 
-def _reduce(data: torch.Tensor, stage: int, key: DigestKey) -> torch.Tensor:
-    """One reduce step: uint8 bytes in, the product's int32 sums out as uint8 bytes."""
+def _reduce(data: torch.Tensor, stage: int, key: DigestKey, own: bool) -> torch.Tensor:
+    """One reduce step: uint8 bytes in, the product's int32 sums out as uint8 bytes.
+    ``own``: ``data`` is detctx's own memory (see :func:`int_matmul`)."""
     weights = key.weights(stage, data.device)
     full, rest = divmod(data.numel(), ROW_BYTES)
     signed = data.view(torch.int8)
     if not rest:
-        return int_matmul(signed.view(full, ROW_BYTES), weights).view(-1).view(torch.uint8)
+        product = int_matmul(signed.view(full, ROW_BYTES), weights, own=own)
+        return product.view(-1).view(torch.uint8)
     parts = []
     if full:
-        parts.append(int_matmul(signed[: full * ROW_BYTES].view(full, ROW_BYTES), weights))
+        rows = signed[: full * ROW_BYTES].view(full, ROW_BYTES)
+        parts.append(int_matmul(rows, weights, own=own))
     last = signed.new_zeros(1, ROW_BYTES)
     last[0, :rest] = signed[full * ROW_BYTES :]
-    parts.append(int_matmul(last, weights))
+    parts.append(int_matmul(last, weights, own=True))
     product = parts[0] if len(parts) == 1 else torch.cat(parts)
     return product.reshape(-1).view(torch.uint8)
 
@@ -321,7 +324,11 @@ def tensor_bytes(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def digest(
-    tensor: torch.Tensor, *, on_host: bool | None = None, key: DigestKey | None = None
+    tensor: torch.Tensor,
+    *,
+    on_host: bool | None = None,
+    key: DigestKey | None = None,
+    own: bool = False,
 ) -> int | None:
     """The 128-bit digest of ``tensor``'s bits, dtype and shape, or ``None`` when unreadable.
 
@@ -330,7 +337,9 @@ def digest(
     the final sums into NumPy (``True``, copying at most ``SUMMED`` bytes to
     the host) or into torch (``False``); by default CPU tensors use NumPy and
     others their own device. ``key``: whose constants (default: this process's
-    secret key; two digests compare only under the same key).
+    secret key; two digests compare only under the same key). ``own``: the tensor is
+    detctx's own copy, which NumPy may read in place (never the program's tensor: see
+    :func:`host_copy`); the digest is the same.
     """
     if type(tensor) is not torch.Tensor and not isinstance(tensor, torch.nn.Parameter):
         return None
@@ -357,7 +366,8 @@ def digest(
     data = tensor_bytes(tensor)
     stage, limit = 0, SMALL
     while data.numel() > limit:
-        data = _reduce(data, stage, key)
+        # After the first step the bytes are the product's: detctx's own.
+        data = _reduce(data, stage, key, own or stage > 0)
         stage, limit = stage + 1, SUMMED
     if on_host is None:
         on_host = data.device.type == "cpu"

@@ -175,7 +175,8 @@ class Staging:
         if in_rows.any():
             rows = self._rows_used // ROW_BYTES
             matrix = torch.from_numpy(self._rows[: self._rows_used]).view(torch.int8)
-            product = int_matmul(matrix.view(rows, ROW_BYTES), self.key.weights(0, matrix.device))
+            weights = self.key.weights(0, matrix.device)
+            product = int_matmul(matrix.view(rows, ROW_BYTES), weights, own=True)
             # One row of the product (COLUMNS int32 sums) is four words.
             words = product.numpy().reshape(-1).view(np.uint64)
             per_row = 4 * COLUMNS // 8
