@@ -7,9 +7,16 @@ sizes), one torch thread. A round runs ``--steps`` training steps (forward,
 backward, AdamW) unrecorded, the same steps under a dispatch mode that only
 forwards each op (the floor any op-by-op recording pays in torch), under one
 that also copies each output (the floor of any recording that reads every
-output's values op by op in Python), and the same steps recorded into a
-trace (opening, header and closing included), in a rotating order; the rows
-are the medians over the rounds. The note says how many ops a step records
+output's values op by op in Python), under one that only summarises each
+output as the recording does (copies, statistics, digests, in line; none of
+the recorder's data flow, call sites or module paths: what the trace's
+arithmetic costs on this CPU), and the same steps recorded into a trace
+(opening, header and closing included), in a rotating order; the rows
+are the medians over the rounds. "Arithmetic alone" is the least the
+trace's numbers cost: the plain step plus one digest of all the outputs'
+bytes and the statistics rows of all their float32 numbers, laid end to
+end and cut into pieces of 1 MiB, so no output costs a call of its own
+(measured apart, after the rounds). The note says how many ops a step records
 and what each costs beyond the plain step.
 
 Targets (issue 46): at most 2x on GPT-2, Llama, the LSTM and the CNN, at
@@ -27,11 +34,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import statistics
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -102,6 +111,32 @@ class _Copying:
         return result
 
 
+class _Summarising:
+    """A recorder that only summarises each op's tensor outputs as ``detctx.recording``
+    does (copies, statistics rows, digests; in line, no helper thread) into a trace, and
+    keeps nothing else: no data flow, call sites or module paths. What the trace's
+    arithmetic costs on this CPU, whatever the recorder around it does."""
+
+    def __init__(self, trace: Path) -> None:
+        from detctx._compare.format import TraceWriter
+        from detctx._compare.summaries import Summaries
+
+        self.writer = TraceWriter(trace, dict)
+        self.summaries = Summaries(self.writer, helper=lambda: False)
+
+    def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        result = func(*args, **kwargs)
+        values = result if isinstance(result, (tuple, list)) else (result,)
+        outputs = [value for value in values if type(value) is torch.Tensor]
+        if outputs:
+            self.summaries.put(("op", "", "", "", ""), outputs, [])
+        return result
+
+    def close(self) -> None:
+        self.summaries.close()
+        self.writer.close()
+
+
 @contextlib.contextmanager
 def forwarding(recorder: Any = None) -> Iterator[None]:
     from detctx._locate import dispatch_mode
@@ -128,12 +163,76 @@ def contenders(step: Callable[[], None], steps: int, folder: Path) -> dict[str, 
         with forwarding(_Copying()):
             plain()
 
+    def summarised() -> None:
+        summarising = _Summarising(trace)
+        with forwarding(summarising):
+            plain()
+        summarising.close()
+        trace.unlink()
+
     def recorded() -> None:
         with detctx.recording(trace):
             plain()
         trace.unlink()
 
-    return {"plain": plain, "forwarding": forwarded, "copying": copied, "recorded": recorded}
+    return {
+        "plain": plain,
+        "forwarding": forwarded,
+        "copying": copied,
+        "summarising": summarised,
+        "recorded": recorded,
+    }
+
+
+class _Keeping:
+    """A recorder that keeps a copy of the tensor outputs (CPU, strided) of each op a
+    recording records (not views, copies or constants: ``op_info``'s ``skip``)."""
+
+    def __init__(self) -> None:
+        self.copies: list[torch.Tensor] = []
+
+    def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        from detctx._locate import op_info
+
+        result = func(*args, **kwargs)
+        if op_info(func).skip:
+            return result
+        for value in result if isinstance(result, (tuple, list)) else (result,):
+            if type(value) is torch.Tensor and value.is_cpu and value.layout == torch.strided:
+                self.copies.append(value.detach().clone())
+        return result
+
+
+_PIECE: Final = 1 << 18
+"""Numbers of a piece :func:`arithmetic` measures at a time (1 MiB of float32): large
+enough that a call's own cost is small beside its arithmetic, small enough to stay in a
+core's cache, as one output's copy does."""
+
+
+def arithmetic(step: Callable[[], None], steps: int, repeat: int) -> float:
+    """Seconds the trace's arithmetic takes for ``steps`` steps' outputs at the least: the
+    digests of all their bytes and the statistics rows of all their float32 numbers, laid
+    end to end and cut into pieces of :data:`_PIECE` numbers, so that no output costs a
+    call of its own (median of ``repeat``)."""
+    from detctx._compare.stacked import float_rows
+    from detctx._locate import PUBLIC_KEY, tensor_digest
+
+    keeping = _Keeping()
+    with forwarding(keeping):
+        step()
+    every = torch.cat([copy.reshape(-1).view(torch.uint8) for copy in keeping.copies])
+    floats = torch.cat([c.reshape(-1) for c in keeping.copies if c.dtype == torch.float32])
+    keeping.copies.clear()
+    numbers = list(floats.split(_PIECE))
+    pieces = list(every.split(4 * _PIECE))
+    timings = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        for piece in pieces:
+            tensor_digest(piece, key=PUBLIC_KEY, own=True)
+        float_rows(numbers, own=True)
+        timings.append(time.perf_counter() - started)
+    return statistics.median(timings) * steps
 
 
 def ops_per_step(step: Callable[[], None], folder: Path) -> int:
@@ -165,6 +264,7 @@ def run(
             count = ops_per_step(step, folder)
             stats = interleaved(contenders(step, steps, folder), repeat)
             plain, recorded = stats["plain"], stats["recorded"]
+            least = 1.0 + arithmetic(step, steps, repeat) / plain.median
             per_op = (recorded.median - plain.median) / max(count * steps, 1)
             limit = LIMITS.get(model)
             rows.append(
@@ -179,7 +279,10 @@ def run(
                         f"{count} ops a step; {per_op * 1e6:.0f} us an op beyond the plain "
                         f"step; a mode that only forwards: "
                         f"{stats['forwarding'].median / plain.median:.2f}x, one that copies "
-                        f"each output: {stats['copying'].median / plain.median:.2f}x"
+                        f"each output: {stats['copying'].median / plain.median:.2f}x, one "
+                        f"that only summarises each output: "
+                        f"{stats['summarising'].median / plain.median:.2f}x; the trace's "
+                        f"arithmetic alone, with no per-output cost: {least:.2f}x"
                     ),
                 )
             )
@@ -190,6 +293,8 @@ def run(
                     f"{plain.median * 1e3 / steps:.1f} ms",
                     f"{stats['forwarding'].median / plain.median:.2f}x",
                     f"{stats['copying'].median / plain.median:.2f}x",
+                    f"{stats['summarising'].median / plain.median:.2f}x",
+                    f"{least:.2f}x",
                     f"{recorded.median / plain.median:.2f}x",
                     f"{per_op * 1e6:.0f} us",
                 ]
@@ -202,6 +307,8 @@ def run(
             "plain step",
             "forwarding only",
             "copying each output",
+            "summaries only",
+            "arithmetic alone",
             "recorded",
             "per op",
         ],

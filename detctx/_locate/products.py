@@ -47,9 +47,10 @@ def _float_product(rows: torch.Tensor, weights: torch.Tensor, own: bool = False)
     """``rows @ weights`` of int8 CPU operands through float32 products of ``_CHUNK`` bytes,
     each exact, summed in int32: the same sums as ``torch._int_mm``. Where the CPU has no
     int8 dot-product instructions (no VNNI) torch's int8 product reads some 0.17 GB/s,
-    this some 1.5 (``own``: 1.8) GB/s on one core (2-core AMD EPYC). ``own``: ``rows`` is detctx's own
-    memory, which NumPy may read (never the program's: torch makes a CPU tensor's memory
-    NumPy has seen non-resizable for good), and converts faster than torch."""
+    this some 1.5 (``own``: 1.8) GB/s on one core (2-core AMD EPYC). ``own``: ``rows`` is
+    detctx's own memory, which NumPy may read (never the program's: torch makes a CPU
+    tensor's memory NumPy has seen non-resizable for good), and converts faster than
+    torch."""
     chunked = _float_weights(weights)
     chunks, columns = chunked.shape[0], chunked.shape[2]
     count = rows.shape[0]
