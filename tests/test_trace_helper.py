@@ -6,6 +6,7 @@ or without the helper: each row and digest is the one the output has alone."""
 from __future__ import annotations
 
 import threading
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -351,3 +352,22 @@ def test_large_outputs_copies_digested_together_get_the_digests_they_have_alone(
     assert staged_digests(Staging(key=PUBLIC_KEY), copies) == [
         tensor_digest(tensor, key=PUBLIC_KEY) for tensor in tensors
     ]
+
+
+def test_outputs_with_infinities_of_both_signs_are_summarised_without_a_warning(
+    tmp_path: Path,
+) -> None:
+    # +Inf and -Inf in one output make NaN in its batched sums (the row is then measured
+    # alone); NumPy must not warn of it at the program's line.
+    from detctx._compare.stacked import float_rows
+
+    values = torch.randn(1 << 18)
+    values[0], values[1] = float("inf"), float("-inf")  # one in each of two columns
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert float_rows([values], own=False) == [None]
+        assert float_rows([values.clone(), values.clone()], own=True) == [None, None]
+        with detctx.recording(tmp_path / "a.trace"):
+            (values * 2.0).sum()
+    row = read_trace(tmp_path / "a.trace").values["stats"][0]
+    assert row[2] == 2  # both counted

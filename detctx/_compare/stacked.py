@@ -111,11 +111,13 @@ def _stacked_rows(flat: torch.Tensor, own: bool) -> list[np.ndarray | None]:
     result = np.zeros((k, len(STATISTICS) + SKETCH))
     result[:, 0] = count
     result[:, 3], result[:, 4] = low_64, high_64
-    result[:, 5] = sums_64[:, SIGNS].sum(axis=1) / count
     result[:, 6] = norm_64
     result[:, 7] = zeros
-    folded = np.matmul(sums_64[:, :SIGNS, None, :], sign_folds()[None]).reshape(k, -1)
-    with np.errstate(invalid="ignore", divide="ignore"):
+    # An output with NaN or Inf (its row is not used: statistics() measures it) makes NaN
+    # and Inf here, which NumPy would warn of at the program's line.
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        result[:, 5] = sums_64[:, SIGNS].sum(axis=1) / count
+        folded = np.matmul(sums_64[:, :SIGNS, None, :], sign_folds()[None]).reshape(k, -1)
         result[:, SKETCH_AT:] = np.where(norm_64[:, None] > 0, folded / norm_64[:, None], 0.0)
     return [result[i] if usable[i] else None for i in range(k)]
 
