@@ -17,7 +17,7 @@ import detctx
 import detctx._compare.recorder as recorder_module
 import detctx._compare.summaries as summaries_module
 from detctx._compare.reading import read_trace
-from detctx._compare.sketch import IN_NUMPY, numpy_values, small_rows
+from detctx._compare.sketch import IN_NUMPY, WIDENED, numpy_values, small_rows
 from detctx._compare.stacked import staged_digests
 from detctx._compare.summaries import SMALLEST_COPY, spare_core
 from detctx._locate import PUBLIC_KEY, Staging, tensor_digest
@@ -58,9 +58,12 @@ def _small_program() -> None:
         counts = flags.sum(dim=0)
         half = (y * 0.25).half()
         scalar = (y * z.real).sum()
+        brain = (y * 0.5).bfloat16() * 3.0  # a dtype NumPy has not: float32 values, own bits
+        eight = (y * 0.125).to(torch.float8_e4m3fn)
         y.numpy()[:] = float(step)  # behind torch's back
         empty = y[:0] * 3.0
         x = x + torch.where(flags.t(), half.float().t(), scalar) + counts.sum() + empty.sum()
+        x = x + brain.float().t() + eight.float().t()
 
 
 def _helper_threads() -> list[threading.Thread]:
@@ -104,7 +107,8 @@ def test_small_outputs_summarised_together_get_the_rows_and_digests_they_have_al
     assert together == recorded("b.trace", 1, False)  # each op's outputs alone
     trace = read_trace(tmp_path / "a.trace")
     dtypes = {trace.text(number) for number in trace.values["dtype"]}
-    assert {"float32", "complex64", "bool", "int64", "float16"} <= dtypes
+    assert {"float32", "complex64", "bool", "int64", "float16", "bfloat16"} <= dtypes
+    assert "float8_e4m3fn" in dtypes
 
 
 def test_a_small_output_row_and_digest_are_those_of_the_tensor_itself() -> None:
@@ -117,11 +121,18 @@ def test_a_small_output_row_and_digest_are_those_of_the_tensor_itself() -> None:
         torch.arange(9).reshape(3, 3)[:, 1],
         torch.randn(IN_NUMPY, dtype=torch.float64),  # 64 KiB
         torch.randn(4).half(),
+        torch.randn(3, 7).bfloat16().t(),  # NumPy has not the dtype: its float32 values
+        (torch.randn(50) * 4).to(torch.float8_e5m2),
     ] * 40  # more than one staging buffer's rows: the digests are taken in parts
     arrays = [numpy_values(tensor) for tensor in tensors]
     assert all(array is not None for array in arrays)
     kept = [array for array in arrays if array is not None]
-    digests = staged_digests(Staging(key=PUBLIC_KEY), kept)
+    # A dtype NumPy has not is digested from its own bits (a copy), as the summaries do.
+    bits = [
+        tensor.clone() if tensor.dtype in WIDENED else array
+        for tensor, array in zip(tensors, kept)
+    ]
+    digests = staged_digests(Staging(key=PUBLIC_KEY), bits)
     assert digests == [tensor_digest(tensor, key=PUBLIC_KEY) for tensor in tensors]
     rows = small_rows(kept)
     for tensor, row in zip(tensors, rows):
@@ -371,3 +382,22 @@ def test_outputs_with_infinities_of_both_signs_are_summarised_without_a_warning(
             (values * 2.0).sum()
     row = read_trace(tmp_path / "a.trace").values["stats"][0]
     assert row[2] == 2  # both counted
+
+
+def test_a_recorded_bfloat16_output_keeps_the_digest_of_its_own_bits(tmp_path: Path) -> None:
+    # Its row is made from its float32 values (the same numbers), its digest from its bits:
+    # the digest locate and another device give the same tensor.
+    torch.manual_seed(8)
+    x = torch.randn(6, 5, dtype=torch.bfloat16)
+    with detctx.recording(tmp_path / "a.trace"):
+        tripled = x * 3.0
+        made = [tripled, tripled.exp(), x.t() * x.t()]
+    trace = read_trace(tmp_path / "a.trace")
+    values = trace.values
+    assert [trace.text(number) for number in values["dtype"]] == ["bfloat16"] * 3
+    for tensor, row in zip(made, values):
+        bits = (int(row["high"]) << 64) | int(row["low"])
+        assert bits == tensor_digest(tensor, key=PUBLIC_KEY)
+        numbers = tensor.double()
+        assert row["stats"][0] == 30 and row["stats"][3] == numbers.min()
+        assert np.isclose(row["stats"][6], float(numbers.norm()), rtol=1e-12)

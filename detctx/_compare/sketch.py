@@ -97,6 +97,7 @@ __all__ = [
     "SKETCH",
     "SKETCH_AT",
     "STATISTICS",
+    "WIDENED",
     "fill_row",
     "measure",
     "numpy_values",
@@ -121,6 +122,20 @@ STATISTICS: Final = ("count", "nan", "inf", "min", "max", "mean", "norm", "zeros
 """The named statistics, in the order they start a row; the sketch follows."""
 
 FLOATS: Final = (torch.float32, torch.float64)
+WIDENED: Final = frozenset(
+    getattr(torch, name)
+    for name in (
+        "bfloat16",
+        "float8_e4m3fn",
+        "float8_e4m3fnuz",
+        "float8_e5m2",
+        "float8_e5m2fnuz",
+        "float8_e8m0fnu",
+    )
+    if hasattr(torch, name)
+)
+"""Float dtypes NumPy has not whose every value float32 holds exactly: small outputs of
+these are summarised from their float32 values (their digests read their own bits)."""
 IN_NUMPY: Final = 1 << 13
 """Outputs of at most this many numbers are summarised in NumPy."""
 SAFE: Final = 40
@@ -295,13 +310,15 @@ def _reals(array: np.ndarray) -> np.ndarray:
 
 def numpy_values(tensor: torch.Tensor) -> np.ndarray | None:
     """A C-ordered copy of ``tensor`` in NumPy, as :func:`small_rows` takes it, or ``None``
-    unless it is a CPU tensor of 1 to :data:`IN_NUMPY` numbers (complex: 2 a number)."""
+    unless it is a CPU tensor of 1 to :data:`IN_NUMPY` numbers (complex: 2 a number). A
+    dtype NumPy has not (bfloat16, the float8 types) comes as its float32 values, which are
+    exactly its own."""
     if (
         not (type(tensor) is torch.Tensor or type(tensor) is torch.nn.Parameter)
         or not tensor.is_cpu
         or tensor.layout != torch.strided
         or tensor.is_quantized
-        or tensor.dtype not in NUMPY_DTYPES
+        or (tensor.dtype not in NUMPY_DTYPES and tensor.dtype not in WIDENED)
     ):
         return None
     count = tensor.numel() * (2 if tensor.is_complex() else 1)
@@ -312,8 +329,11 @@ def numpy_values(tensor: torch.Tensor) -> np.ndarray | None:
     values = tensor.detach() if tensor.requires_grad else tensor
     if values.dtype == torch.bool:
         values = values.view(torch.uint8)  # a bool copy would make each non-zero byte 1
-    copy = values.clone(memory_format=torch.contiguous_format).numpy(force=True)
-    array = np.asarray(copy, order="C")
+    if values.dtype in WIDENED:
+        copy = values.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
+    else:
+        copy = values.clone(memory_format=torch.contiguous_format)
+    array = np.asarray(copy.numpy(force=True), order="C")
     return array.view(np.bool_) if tensor.dtype == torch.bool else array
 
 

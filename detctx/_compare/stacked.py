@@ -11,6 +11,7 @@ were most of it.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Final
 
 import numpy as np
@@ -122,7 +123,7 @@ def _stacked_rows(flat: torch.Tensor, own: bool) -> list[np.ndarray | None]:
     return [result[i] if usable[i] else None for i in range(k)]
 
 
-def staged_digests(staging: Staging, copies: list[np.ndarray] | list[torch.Tensor]) -> list[int]:
+def staged_digests(staging: Staging, copies: Sequence[np.ndarray | torch.Tensor]) -> list[int]:
     """The digests of outputs' copies (detctx's own: read in place), many at a time in
     ``staging`` (left empty), each the one the output has alone."""
     digests: list[int] = []

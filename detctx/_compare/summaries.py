@@ -1,23 +1,21 @@
 """Each recorded op's trace row: its outputs' statistics and digest, written in op order.
 
 An output's statistics and digest read all its bytes four times (the sketch, min and max,
-the norm, the digest), more than a small training step's own time (docs/benchmarks.md).
-Each large CPU output (at least :data:`SMALLEST_COPY` bytes) is copied as its op returns;
-where the process has a CPU core to spare a helper thread computes the rows while the
-program runs on, else the program does every :data:`BATCH_OPS` ops (or
-:data:`HANDOFF_BYTES` of copies). The copy keeps this exact: nothing the program does
-afterwards (an in-place op, an optimizer step, a collective writing into a gradient, NumPy
-or a C extension writing through the memory, none of which the dispatcher need see) changes
-what is read, so each row holds the output's values as its op returned, and a trace
-recorded with the helper is byte for byte the one recorded without. The helper writes
-every row, in op order.
+the norm, the digest), more than a small training step's own time (docs/benchmarks.md). Each
+large CPU output (at least :data:`SMALLEST_COPY` bytes) is copied as its op returns; where
+the process has a CPU core to spare a helper thread computes the rows while the program runs
+on, else the program does every :data:`BATCH_OPS` ops (or :data:`HANDOFF_BYTES` of copies).
+The copy keeps this exact: nothing the program does afterwards (an in-place op, an optimizer
+step, a collective writing into a gradient, NumPy or a C extension writing through the
+memory, none of which the dispatcher need see) changes what is read, so each row holds the
+output's values as its op returned, and a trace recorded with the helper is byte for byte
+the one recorded without. The helper writes every row, in op order.
 
 Outputs are summarised many at a time, each row and digest the one it has alone: small ones
-(at most :data:`~detctx._compare.sketch.IN_NUMPY` numbers a NumPy dtype holds, most
-outputs by count) copied into NumPy (:func:`~detctx._compare.sketch.small_rows`), large
-float32 ones of one size stacked (:mod:`detctx._compare.stacked`), digests in a
-:class:`~detctx._locate.Staging` buffer: a few microseconds a small output, some 50 a
-large one of 64 KiB, instead of tens and hundreds.
+(at most :data:`~detctx._compare.sketch.IN_NUMPY` numbers, most outputs by count) copied
+into NumPy (:func:`~detctx._compare.sketch.small_rows`; bfloat16 as float32 values and its
+bits), large float32 ones of one size stacked (:mod:`detctx._compare.stacked`), digests in a
+:class:`~detctx._locate.Staging` buffer: some microseconds a small output, 50 a large one.
 
 A core is spare when this process's CPU affinity holds more cores than torch's intra-op
 threads take, for every local rank (``LOCAL_WORLD_SIZE``): ``ranks * (threads + 1) <=
@@ -46,6 +44,7 @@ from detctx._compare.format import Inputs, TraceWriter, Unseen
 from detctx._compare.sketch import (
     SKETCH,
     STATISTICS,
+    WIDENED,
     numpy_values,
     small_rows,
 )
@@ -95,8 +94,8 @@ def spare_core() -> bool:
 
 
 class _Output:
-    """One output: its description, and its row and digest or what to compute them from: a
-    copy of a small output's numbers in NumPy (summarised with others), or of a large one."""
+    """One output: its description, its row and digest or what they are made from (a small
+    one's numbers in NumPy, with a bfloat16 one's bits; a large one's copy)."""
 
     __slots__ = ("array", "copy", "digest", "dtype", "row", "shape", "size")
 
@@ -110,6 +109,9 @@ class _Output:
         self.size = 0  # bytes of the copies this output holds
         if self.array is not None:
             self.size = self.array.nbytes
+            if self.dtype in WIDENED:  # its row from float32 values, its digest from its bits
+                self.copy = tensor.detach().clone(memory_format=torch.contiguous_format)
+                self.size += self.copy.nbytes
         elif (
             (type(tensor) is torch.Tensor or type(tensor) is torch.nn.Parameter)
             and tensor.is_cpu
@@ -163,8 +165,7 @@ class Summaries:
     def put(
         self, strings: _Strings, outputs: list[torch.Tensor], inputs: Inputs, unseen: Unseen = ()
     ) -> None:
-        """One recorded op: its (op, module, source, node) strings, outputs, producers, and
-        digests of the inputs without one."""
+        """One recorded op: its strings, outputs, producers, and its unseen inputs' digests."""
         if self._decide is not None:
             decide, self._decide = self._decide, None
             if decide():
@@ -305,8 +306,7 @@ class Summaries:
         return [_Output(tensor) for tensor in outputs]
 
     def _ready(self) -> bool:
-        """Whether the helper takes what waits now: a batch's worth, or the program waits
-        for it (at the end, before a fork, or for room)."""
+        """Whether the helper takes what waits now: a batch, or what the program waits for."""
         return bool(self._queue) and (
             self._closing
             or self._draining
@@ -352,10 +352,10 @@ class Summaries:
         arrays = [output.array for output in small if output.array is not None]
         if arrays:
             rows = small_rows(arrays)
-            for output, row, digest in zip(
-                small, rows, staged_digests(self._staging_buffer(), arrays)
-            ):
-                output.row, output.digest, output.array = row, digest, None
+            bits = [a if out.copy is None else out.copy for out, a in zip(small, arrays)]
+            digests = staged_digests(self._staging_buffer(), bits)
+            for output, row, digest in zip(small, rows, digests):
+                output.row, output.digest, output.array, output.copy = row, digest, None, None
         # Large outputs' copies: float32 ones of one size measured together, digests of
         # those a staging buffer takes made together; each row and digest its own.
         copied = [output for op in batch for output in op[1] if output.copy is not None]
