@@ -401,3 +401,28 @@ def test_a_recorded_bfloat16_output_keeps_the_digest_of_its_own_bits(tmp_path: P
         numbers = tensor.double()
         assert row["stats"][0] == 30 and row["stats"][3] == numbers.min()
         assert np.isclose(row["stats"][6], float(numbers.norm()), rtol=1e-12)
+
+
+def test_an_output_too_large_for_numpys_rows_is_copied_not_summarised_alone_in_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 40 KiB of float32: past IN_NUMPY numbers, below the 64 KiB copies once started at.
+    alone: list[torch.Size] = []
+    compute = summaries_module._Output.compute
+
+    def computed(self: object, tensor: torch.Tensor) -> None:
+        alone.append(tensor.shape)
+        compute(self, tensor)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(summaries_module._Output, "compute", computed)
+    x = torch.randn(10_000)
+    with detctx.recording(tmp_path / "a.trace"):
+        flags = x > 0
+        tripled = x * 3.0
+        made = [flags, tripled, x * 2.0, flags.logical_not(), tripled.bfloat16()]  # in order
+    assert alone == []
+    trace = read_trace(tmp_path / "a.trace")
+    assert len(trace.values) == len(made)
+    for tensor, row in zip(made, trace.values):
+        assert (int(row["high"]) << 64) | int(row["low"]) == tensor_digest(tensor, key=PUBLIC_KEY)
+        assert row["stats"][0] == 10_000

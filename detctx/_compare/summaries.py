@@ -42,6 +42,7 @@ import torch
 
 from detctx._compare.format import Inputs, TraceWriter, Unseen
 from detctx._compare.sketch import (
+    IN_NUMPY,
     SKETCH,
     STATISTICS,
     WIDENED,
@@ -69,9 +70,9 @@ PENDING_OPS: Final = 1 << 14
 waits for it. Bytes alone did not bound them: 2,000,000 ops of 16-byte outputs on a busy
 machine held 2.3 to 2.7 GB (``python -m benchmarks.s13_record_memory``). The helper takes
 half of this at a time, so the program fills the other half meanwhile."""
-SMALLEST_COPY: Final = 1 << 16
-"""Smaller CPU outputs are summarised in line (a few microseconds of NumPy): handing them
-over costs the program about what summarising them does."""
+SMALLEST_COPY: Final = IN_NUMPY
+"""Outputs too large for NumPy's rows are copied from this size (a float32 one of 40 KiB: some
+480 us summarised alone in line, 100 copied and summarised with others)."""
 LARGEST_COPY: Final = 64 << 20
 """Larger CPU outputs are summarised in line, not copied."""
 BATCH_OPS: Final = 64
@@ -285,8 +286,7 @@ class Summaries:
 
     def _fail_beside_helper(self, exc: Exception) -> RuntimeError:
         """A summary failed in the program's thread: the helper writes the ops in hand, the
-        rest are dropped and the trace is left cut short, as when the helper fails; the
-        error to raise."""
+        rest are dropped, the trace is left cut short (as when the helper fails); the error."""
         with self._changed:
             self._queue.clear()
             self._pending = 0
