@@ -180,11 +180,11 @@ def test_a_failing_summary_stops_the_program_and_leaves_the_trace_cut_short(
 ) -> None:
     _helper(monkeypatch, helper)
 
-    def broken(tensor: object, **_: object) -> None:
+    def broken(*_: object, **__: object) -> None:
         raise MemoryError("no room for the sketch")
 
     monkeypatch.setattr(summaries_module, "statistics", broken)
-    monkeypatch.setattr(summaries_module, "float_rows", broken)  # large ones, together
+    monkeypatch.setattr(summaries_module, "copy_summaries", broken)  # large ones, together
     x = torch.randn(512, 512)
     with pytest.raises(RuntimeError, match="summarising a recorded op failed") as raised:
         with detctx.recording(tmp_path / "a.trace"):
@@ -363,6 +363,78 @@ def test_large_outputs_copies_digested_together_get_the_digests_they_have_alone(
     assert staged_digests(Staging(key=PUBLIC_KEY), copies) == [
         tensor_digest(tensor, key=PUBLIC_KEY) for tensor in tensors
     ]
+
+
+def _odd_bits(count: int, generator: torch.Generator) -> torch.Tensor:
+    """float32 numbers whose bits a copy through arithmetic could change: NaNs with payloads
+    and signs (quiet and signalling), -0.0, infinities, subnormals, among ordinary values."""
+    values = torch.randn(count, generator=generator)
+    bits = values.view(torch.int32)
+    odd = torch.tensor(
+        [0x7FC00001, 0x7F800001, -0x00400001, -0x80000000, 0x7F800000, 0x00000001],
+        dtype=torch.int32,
+    )
+    at = torch.randint(0, count, (len(odd),), generator=generator)
+    bits[at] = odd
+    return values
+
+
+def test_copies_digested_from_the_stack_of_their_rows_get_the_digests_they_have_alone() -> None:
+    # Float32 copies of one size whose bytes are whole rows of the digest's reduce step
+    # are digested from the stack their rows are measured in; every other copy in the
+    # staging buffer or alone. Each digest and row must be the one the copy has alone,
+    # odd bits included, whatever it is stacked with.
+    from detctx._compare.stacked import copy_summaries, float_rows
+    from detctx._locate import ROW_BYTES, SMALL, STAGED
+
+    generator = torch.Generator().manual_seed(8)
+    whole = ROW_BYTES // 4  # numbers in one row of the reduce step
+    tensors = [
+        _odd_bits(count, generator).reshape(shape)
+        for count, shape in (
+            (5 * whole, (5, whole)),  # whole rows: from the stack
+            (5 * whole, (whole, 5)),  # the same size, another shape
+            (8 * whole, (8 * whole,)),
+            (STAGED // 4, (STAGED // 4,)),  # the largest one reduce step takes
+            (5 * whole + 5, (5 * whole + 5,)),  # not whole rows: in the staging buffer
+            (STAGED // 4 + whole, (STAGED // 4 + whole,)),  # past one reduce step: alone
+        )
+        for _ in range(3)
+    ]
+    tensors.insert(4, torch.randn(5 * whole, generator=generator) * 3)  # NaN-free: a row
+    tensors.append(torch.randint(0, 9, (whole,), dtype=torch.int64))  # another dtype
+    tensors.append(torch.randn(4 * whole, dtype=torch.float64, generator=generator))
+    assert IN_NUMPY < 5 * whole and SMALL < 5 * ROW_BYTES <= STAGED
+    copies = [tensor.clone() for tensor in tensors]
+    staging = Staging(key=PUBLIC_KEY)
+    rows, digests = copy_summaries(staging, copies)
+    assert len(staging) == 0  # left empty
+    assert digests == [tensor_digest(tensor, key=PUBLIC_KEY) for tensor in tensors]
+    for row, alone in zip(rows, float_rows([tensor.clone() for tensor in tensors])):
+        assert (row is None) == (alone is None)
+        if row is not None and alone is not None:
+            assert np.array_equal(row, alone)
+    assert sum(row is not None for row in rows) >= 1
+    for copy, tensor in zip(copies, tensors):  # read, never written
+        assert copy.view(torch.uint8).equal(tensor.view(torch.uint8))
+
+
+@pytest.mark.parametrize(
+    ("shape", "shapes"),
+    [
+        ((2, 1000), [(1000,), (1000,)]),  # not whole rows
+        ((2, 256), [(256,), (256,)]),  # at most SMALL bytes: no reduce step
+        ((2, 2 * 131_072), [(262_144,), (262_144,)]),  # two reduce steps
+        ((2, 2048), [(2048,)]),  # a shape short
+    ],
+)
+def test_stacked_digests_refuse_what_one_reduce_step_does_not_make_alone(
+    shape: tuple[int, int], shapes: list[tuple[int, ...]]
+) -> None:
+    from detctx._locate import stacked_digests
+
+    with pytest.raises(ValueError, match="whole rows of one reduce step"):
+        stacked_digests(torch.zeros(shape), shapes, PUBLIC_KEY)
 
 
 def test_outputs_with_infinities_of_both_signs_are_summarised_without_a_warning(

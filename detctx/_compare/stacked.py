@@ -34,9 +34,17 @@ from detctx._compare.sketch import (
     signs_for,
     small_rows,
 )
-from detctx._locate import Staging
+from detctx._locate import (
+    ROW_BYTES,
+    SMALL,
+    STAGED,
+    DigestKey,
+    Staging,
+    stacked_digests,
+    tensor_digest,
+)
 
-__all__ = ["float_rows", "staged_digests", "statistics"]
+__all__ = ["copy_summaries", "float_rows", "staged_digests", "statistics"]
 
 _STACK_BYTES: Final = 16 << 20
 """Bytes of tensors :func:`float_rows` stacks into one copy, at most."""
@@ -54,7 +62,32 @@ def float_rows(tensors: list[torch.Tensor], *, own: bool = False) -> list[np.nda
     ``None`` where a tensor needs :func:`statistics` itself (NaN or Inf in it, values
     outside ``2**±40``, another dtype or layout). ``own``: the tensors are detctx's own
     copies, which NumPy may read in place (else a tensor alone is copied for it)."""
+    return _measured(tensors, own=own, key=None)[0]
+
+
+def copy_summaries(
+    staging: Staging, copies: list[torch.Tensor]
+) -> tuple[list[np.ndarray | None], list[int]]:
+    """:func:`float_rows` of detctx's own ``copies`` and their digests under ``staging``'s key,
+    each the one the copy has alone. Float32 copies stacked for their rows whose bytes are
+    whole rows of one reduce step are digested from that stack (no copy into ``staging``),
+    others in ``staging`` (left empty) where it takes them, the rest one by one."""
+    rows, made = _measured(copies, own=True, key=staging.key)
+    staged = [done is None and copy.nbytes <= STAGED for copy, done in zip(copies, made)]
+    large = iter(staged_digests(staging, [c for c, in_stage in zip(copies, staged) if in_stage]))
+    digests = []
+    for copy, done, in_stage in zip(copies, made, staged):
+        if done is None:
+            done = next(large) if in_stage else tensor_digest(copy, key=staging.key, own=True) or 0
+        digests.append(done)
+    return rows, digests
+
+
+def _measured(
+    tensors: list[torch.Tensor], *, own: bool, key: DigestKey | None
+) -> tuple[list[np.ndarray | None], list[int | None]]:
     rows: list[np.ndarray | None] = [None] * len(tensors)
+    digests: list[int | None] = [None] * len(tensors)
     sizes: dict[int, list[int]] = {}
     for index, tensor in enumerate(tensors):
         if (
@@ -69,6 +102,7 @@ def float_rows(tensors: list[torch.Tensor], *, own: bool = False) -> list[np.nda
             sizes.setdefault(tensor.numel(), []).append(index)
     for count, members in sizes.items():
         per_stack = 1 if 4 * count >= _ALONE_BYTES else _STACK_BYTES // (4 * count)
+        whole = key is not None and not 4 * count % ROW_BYTES and SMALL < 4 * count <= STAGED
         for start in range(0, len(members), per_stack):
             chosen = members[start : start + per_stack]
             flat = (
@@ -78,7 +112,11 @@ def float_rows(tensors: list[torch.Tensor], *, own: bool = False) -> list[np.nda
             )
             for index, row in zip(chosen, _stacked_rows(flat, own)):
                 rows[index] = row
-    return rows
+            if whole and key is not None:
+                shapes = [tuple(tensors[index].shape) for index in chosen]
+                for index, made in zip(chosen, stacked_digests(flat, shapes, key)):
+                    digests[index] = made
+    return rows, digests
 
 
 def _stacked_rows(flat: torch.Tensor, own: bool) -> list[np.ndarray | None]:

@@ -49,8 +49,8 @@ from detctx._compare.sketch import (
     numpy_values,
     small_rows,
 )
-from detctx._compare.stacked import float_rows, staged_digests, statistics
-from detctx._locate import PUBLIC_KEY, STAGED, Staging, combine_digests, tensor_digest
+from detctx._compare.stacked import copy_summaries, staged_digests, statistics
+from detctx._locate import PUBLIC_KEY, Staging, combine_digests, tensor_digest
 
 __all__ = [
     "BATCH_OPS",
@@ -356,21 +356,15 @@ class Summaries:
             digests = staged_digests(self._staging_buffer(), bits)
             for output, row, digest in zip(small, rows, digests):
                 output.row, output.digest, output.array, output.copy = row, digest, None, None
-        # Large outputs' copies: float32 ones of one size measured together, digests of
-        # those a staging buffer takes made together; each row and digest its own.
+        # Large outputs' copies: float32 ones of one size measured together (their digests
+        # from that stack), other digests in a staging buffer; each row and digest its own.
         copied = [output for op in batch for output in op[1] if output.copy is not None]
         copies = [output.copy for output in copied if output.copy is not None]
         if copies:
-            staged = [copy.nbytes <= STAGED for copy in copies]
-            in_buffer = [copy for copy, in_stage in zip(copies, staged) if in_stage]
-            large = iter(staged_digests(self._staging_buffer(), in_buffer))
-            measured = float_rows(copies, own=True)
-            for output, copy, row, in_stage in zip(copied, copies, measured, staged):
-                output.copy = None
+            measured, digests = copy_summaries(self._staging_buffer(), copies)
+            for output, copy, row, digest in zip(copied, copies, measured, digests):
+                output.copy, output.digest = None, digest
                 output.row = row if row is not None else _row(copy)
-                output.digest = (
-                    next(large) if in_stage else tensor_digest(copy, key=PUBLIC_KEY, own=True) or 0
-                )
         for strings, outputs, inputs, _, unseen in batch:
             self._write(strings, outputs, inputs, unseen)
 

@@ -31,7 +31,7 @@ from detctx._locate.digest import (
 )
 from detctx._locate.keys import DigestKey, process_key
 
-__all__ = ["CAPACITY", "Staging", "borrow", "give_back", "host_bytes"]
+__all__ = ["CAPACITY", "Staging", "borrow", "give_back", "host_bytes", "stacked_digests"]
 
 CAPACITY: Final = 1 << 22
 """Bytes of rows a recorder's buffer holds (plus an eighth of that for small tensors)."""
@@ -61,6 +61,48 @@ def _segment_sums(
     first[used] = np.add.reduceat(words * key.stream(STREAM_A)[offsets], kept)
     second[used] = np.add.reduceat(words.byteswap() * key.stream(STREAM_C)[offsets], kept)
     return first, second
+
+
+def _row_sums(
+    data: torch.Tensor, begins: np.ndarray, rows: np.ndarray, key: DigestKey
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(S_A, S_B)`` of tensors laid in ``data`` (detctx's own uint8 bytes, whole rows of
+    :data:`ROW_BYTES`), each from row ``begins[i]`` for ``rows[i]`` rows: one reduce step's
+    product for all of them, then each tensor's sums of its part of it."""
+    weights = key.weights(0, data.device)
+    product = int_matmul(data.view(torch.int8).view(-1, ROW_BYTES), weights, own=True)
+    # One row of the product (COLUMNS int32 sums) is four words.
+    words = product.numpy().reshape(-1).view(np.uint64)
+    per_row = 4 * COLUMNS // 8
+    return _segment_sums(words, begins * per_row, rows * per_row, key)
+
+
+def stacked_digests(
+    stack: torch.Tensor, shapes: list[tuple[int, ...]], key: DigestKey
+) -> list[int]:
+    """The digests of the ``k`` tensors of ``shapes`` laid in the rows of ``stack`` (``k x n``,
+    contiguous, detctx's own memory: read in place, not copied into a buffer), each the one
+    :func:`digest` gives it alone; each row's bytes must be whole rows of :data:`ROW_BYTES`,
+    more than :data:`SMALL` and at most :data:`STAGED` of them (one reduce step)."""
+    k = stack.shape[0]
+    size = stack[0].nbytes
+    if (
+        not stack.is_contiguous()
+        or stack.dtype not in NUMPY_DTYPES
+        or size % ROW_BYTES
+        or not SMALL < size <= STAGED
+        or len(shapes) != k
+    ):
+        raise ValueError("stacked_digests takes whole rows of one reduce step")
+    rows = size // ROW_BYTES
+    begins = np.arange(k, dtype=np.int64) * rows
+    first, second = _row_sums(
+        stack.reshape(-1).view(torch.uint8), begins, np.full(k, rows, np.int64), key
+    )
+    halves = [layout_halves(stack.dtype, shape) for shape in shapes]
+    first ^= np.array([high for high, _ in halves], dtype=np.uint64)
+    second ^= np.array([low for _, low in halves], dtype=np.uint64)
+    return [(int(high) << 64) | int(low) for high, low in zip(first, second)]
 
 
 class Staging:
@@ -173,16 +215,10 @@ class Staging:
             length = np.diff(begin, append=len(words))
             first[direct], second[direct] = _segment_sums(words, begin, length, self.key)
         if in_rows.any():
-            rows = self._rows_used // ROW_BYTES
-            matrix = torch.from_numpy(self._rows[: self._rows_used]).view(torch.int8)
-            weights = self.key.weights(0, matrix.device)
-            product = int_matmul(matrix.view(rows, ROW_BYTES), weights, own=True)
-            # One row of the product (COLUMNS int32 sums) is four words.
-            words = product.numpy().reshape(-1).view(np.uint64)
-            per_row = 4 * COLUMNS // 8
-            begin = starts[in_rows] // ROW_BYTES * per_row
-            length = (sizes[in_rows] + ROW_BYTES - 1) // ROW_BYTES * per_row
-            first[in_rows], second[in_rows] = _segment_sums(words, begin, length, self.key)
+            matrix = torch.from_numpy(self._rows[: self._rows_used])
+            first[in_rows], second[in_rows] = _row_sums(
+                matrix, starts[in_rows] // ROW_BYTES, -(-sizes[in_rows] // ROW_BYTES), self.key
+            )
         first ^= np.array(self._high, dtype=np.uint64)
         second ^= np.array(self._low, dtype=np.uint64)
         return first, second
