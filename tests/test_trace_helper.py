@@ -426,6 +426,8 @@ def test_copies_digested_from_the_stack_of_their_rows_get_the_digests_they_have_
         ((2, 256), [(256,), (256,)]),  # at most SMALL bytes: no reduce step
         ((2, 2 * 131_072), [(262_144,), (262_144,)]),  # two reduce steps
         ((2, 2048), [(2048,)]),  # a shape short
+        ((4096,), [(4096,)]),  # not a stack of rows
+        ((0, 2048), [(2048,)]),  # no rows, a shape
     ],
 )
 def test_stacked_digests_refuse_what_one_reduce_step_does_not_make_alone(
@@ -435,6 +437,7 @@ def test_stacked_digests_refuse_what_one_reduce_step_does_not_make_alone(
 
     with pytest.raises(ValueError, match="whole rows of one reduce step"):
         stacked_digests(torch.zeros(shape), shapes, PUBLIC_KEY)
+    assert stacked_digests(torch.zeros(0, 2048), [], PUBLIC_KEY) == []
 
 
 def test_outputs_with_infinities_of_both_signs_are_summarised_without_a_warning(

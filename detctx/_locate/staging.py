@@ -84,10 +84,11 @@ def stacked_digests(
     contiguous, detctx's own memory: read in place, not copied into a buffer), each the one
     :func:`digest` gives it alone; each row's bytes must be whole rows of :data:`ROW_BYTES`,
     more than :data:`SMALL` and at most :data:`STAGED` of them (one reduce step)."""
-    k = stack.shape[0]
-    size = stack[0].nbytes
+    k = stack.shape[0] if stack.dim() == 2 else 0
+    size = stack.shape[1] * stack.element_size() if stack.dim() == 2 else 0
     if (
-        not stack.is_contiguous()
+        stack.dim() != 2
+        or not stack.is_contiguous()
         or stack.dtype not in NUMPY_DTYPES
         or size % ROW_BYTES
         or not SMALL < size <= STAGED
