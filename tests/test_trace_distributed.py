@@ -73,6 +73,22 @@ def losses(done: subprocess.CompletedProcess[str]) -> list[str]:
     return sorted(re.findall(r"rank \d+ losses \[[^]]*\]", done.stdout))
 
 
+TEARDOWN_ABORT = "terminate called without an active exception"
+
+
+def plain_losses(command: list[str]) -> list[str]:
+    """Losses of ``command`` run unrecorded. torch's gloo teardown of a DDP program now and
+    then aborts one rank at its very end, after every rank has trained and printed its losses
+    (no detctx in the process: 7 of 60 such runs on a loaded machine; a barrier before
+    destroying the group did not prevent it). Such a run is run once more; any other
+    failure, or that one twice, fails the test."""
+    done = run(*command[1:])
+    finished = len(re.findall(r"rank \d+ losses \[", done.stdout)) == 2
+    if done.returncode != 0 and finished and TEARDOWN_ABORT in done.stderr:
+        done = run(*command[1:])
+    return losses(done)
+
+
 def recorded(folder: Path, command: list[str]) -> list[str]:
     """Losses of ``command`` run under ``detctx record -o folder``."""
     return losses(run("-m", "detctx", "record", "-o", str(folder), "--", *command))
@@ -101,7 +117,7 @@ def test_a_sharded_run_recorded_twice_trains_as_unrecorded_and_its_traces_agree_
     tmp_path: Path, program: str
 ) -> None:
     command = torchrun(mesh_example(tmp_path)) if program == "mesh.md" else torchrun(RANKS, program)
-    plain = losses(run(*command[1:]))
+    plain = plain_losses(command)
     assert len(plain) == 2
     assert recorded(tmp_path / "a", command) == plain
     assert recorded(tmp_path / "b", command) == plain
@@ -113,7 +129,7 @@ def test_a_sharded_run_recorded_twice_trains_as_unrecorded_and_its_traces_agree_
 @pytest.mark.usefixtures("one_launch_at_a_time")
 def test_a_ddp_run_recorded_trains_as_unrecorded(tmp_path: Path) -> None:
     command = torchrun(RANKS, "ddp")
-    plain = losses(run(*command[1:]))
+    plain = plain_losses(command)
     assert recorded(tmp_path / "a", command) == plain
     assert recorded(tmp_path / "b", command) == plain
     assert compared(tmp_path / "a", tmp_path / "b")["bitwise"] is True
