@@ -10,14 +10,21 @@ that also copies each output (the floor of any recording that reads every
 output's values op by op in Python), under one that only summarises each
 output as the recording does (copies, statistics, digests, in line; none of
 the recorder's data flow, call sites or module paths: what the trace's
-arithmetic costs on this CPU), and the same steps recorded into a trace
-(opening, header and closing included), in a rotating order; the rows
-are the medians over the rounds. "Arithmetic alone" is the least the
-trace's numbers cost: the plain step plus one digest of all the outputs'
-bytes and the statistics rows of all their float32 numbers, laid end to
-end and cut into pieces of 1 MiB, so no output costs a call of its own
-(measured apart, after the rounds). The note says how many ops a step records
-and what each costs beyond the plain step.
+arithmetic costs on this CPU), the same steps recorded into a trace
+(opening, header and closing included), recorded with no helper thread (the
+summaries in line, on the program's thread: what the helper saves, or does
+not where the GIL runs its Python and the program's in turn), and recorded
+with no summaries at all (no copies, rows or digests: what the recorder's
+own work per op costs, its data flow, call sites, module paths and scalar
+arguments, were the summaries free), in a rotating order; the rows are the
+medians over the rounds. "Arithmetic alone" is the least the trace's
+numbers cost: the plain step plus one digest of all the outputs' bytes and
+the statistics rows of all their float32 numbers, laid end to end and cut
+into pieces of 1 MiB, so no output costs a call of its own (measured apart,
+after the rounds). The note says how many ops a step records and what each
+costs beyond the plain step, and, for a model with a target, what the
+target leaves each op beyond the plain step against what copying each
+output already costs it.
 
 Targets (issue 46): at most 2x on GPT-2, Llama, the LSTM and the CNN, at
 most 1.5x on nanoGPT small.
@@ -175,13 +182,57 @@ def contenders(step: Callable[[], None], steps: int, folder: Path) -> dict[str, 
             plain()
         trace.unlink()
 
+    def in_line() -> None:
+        with without_helper():
+            recorded()
+
+    def bookkeeping() -> None:
+        with without_summaries():
+            recorded()
+
     return {
         "plain": plain,
         "forwarding": forwarded,
         "copying": copied,
         "summarising": summarised,
         "recorded": recorded,
+        "in line": in_line,
+        "bookkeeping": bookkeeping,
     }
+
+
+@contextlib.contextmanager
+def without_helper() -> Iterator[None]:
+    """Recordings made here summarise in line, on the program's thread, as where the process
+    has no core to spare (the recorder asks ``spare_core`` at its first op)."""
+    from detctx._compare import recorder
+
+    asked = recorder.spare_core
+    recorder.spare_core = lambda: False
+    try:
+        yield
+    finally:
+        recorder.spare_core = asked
+
+
+@contextlib.contextmanager
+def without_summaries() -> Iterator[None]:
+    """Recordings made here keep no op's outputs: no copies, rows or digests, in line or on
+    a helper (only the header is written). What the recorder's own work per op costs (data
+    flow, call site, module path, scalar arguments): the least a recording costs were its
+    summaries free."""
+    from detctx._compare.summaries import Summaries
+
+    put = Summaries.put
+
+    def header_only(summaries: Summaries, *args: Any, **kwargs: Any) -> None:
+        summaries.writer.begin()
+
+    Summaries.put = header_only  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Summaries.put = put  # type: ignore[method-assign]
 
 
 class _Keeping:
@@ -265,8 +316,18 @@ def run(
             stats = interleaved(contenders(step, steps, folder), repeat)
             plain, recorded = stats["plain"], stats["recorded"]
             least = 1.0 + arithmetic(step, steps, repeat) / plain.median
-            per_op = (recorded.median - plain.median) / max(count * steps, 1)
+            ops = max(count * steps, 1)
+            per_op = (recorded.median - plain.median) / ops
+            copying = (stats["copying"].median - plain.median) / ops
             limit = LIMITS.get(model)
+            # What the target leaves each op beyond the plain step, against what a mode that
+            # only copies each output already costs it.
+            budget = (
+                f"; the target leaves {(limit - 1) * plain.median / ops * 1e6:.0f} us an op, "
+                f"copying each output costs {copying * 1e6:.0f}"
+                if limit
+                else ""
+            )
             rows.append(
                 Row(
                     SCENARIO,
@@ -282,7 +343,10 @@ def run(
                         f"each output: {stats['copying'].median / plain.median:.2f}x, one "
                         f"that only summarises each output: "
                         f"{stats['summarising'].median / plain.median:.2f}x; the trace's "
-                        f"arithmetic alone, with no per-output cost: {least:.2f}x"
+                        f"arithmetic alone, with no per-output cost: {least:.2f}x; recorded "
+                        f"with no helper thread: {stats['in line'].median / plain.median:.2f}x; "
+                        f"with no summaries (the recorder's own work per op): "
+                        f"{stats['bookkeeping'].median / plain.median:.2f}x{budget}"
                     ),
                 )
             )
@@ -296,7 +360,10 @@ def run(
                     f"{stats['summarising'].median / plain.median:.2f}x",
                     f"{least:.2f}x",
                     f"{recorded.median / plain.median:.2f}x",
+                    f"{stats['in line'].median / plain.median:.2f}x",
+                    f"{stats['bookkeeping'].median / plain.median:.2f}x",
                     f"{per_op * 1e6:.0f} us",
+                    f"{(limit - 1) * plain.median / ops * 1e6:.0f} us" if limit else "-",
                 ]
             )
     table = Table(
@@ -310,7 +377,10 @@ def run(
             "summaries only",
             "arithmetic alone",
             "recorded",
+            "recorded in line",
+            "recorded, no summaries",
             "per op",
+            "per op at the target",
         ],
         lines,
         note=f"{steps} step(s) a round, {repeat} rounds, medians; one torch thread",

@@ -151,6 +151,18 @@ def test_the_record_cost_scenario_times_each_model_against_its_plain_step(tmp_pa
         assert row["against"] == "the same steps, unrecorded", row
         assert row["value"]["median"] > 0 and row["baseline"]["median"] > 0, row
         assert " ops a step; " in row["note"] and " us an op beyond" in row["note"], row
+        assert "recorded with no helper thread: " in row["note"], row
+        assert "with no summaries (the recorder's own work per op): " in row["note"], row
+    # What the target leaves an op, only where the model has a target (nanoGPT tiny has not).
+    budgets = ["the target leaves " in row["note"] for row in rows]
+    assert budgets == [True, True, False], rows
     (table,) = scenario["tables"]
     assert [cells[0] for cells in table["rows"]] == ["gpt2", "lstm", "nanogpt-tiny"]
+    assert table["columns"][-4:] == [
+        "recorded in line",
+        "recorded, no summaries",
+        "per op",
+        "per op at the target",
+    ]
+    assert [cells[-1] == "-" for cells in table["rows"]] == [False, False, True]
     assert "## Recording cost per model" in text
