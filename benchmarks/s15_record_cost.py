@@ -322,10 +322,11 @@ def run(
             limit = LIMITS.get(model)
             # What the target leaves each op beyond the plain step, against what a mode that
             # only copies each output already costs it.
+            leaves = (limit - 1) * plain.median / ops if limit else None
             budget = (
-                f"; the target leaves {(limit - 1) * plain.median / ops * 1e6:.0f} us an op, "
-                f"copying each output costs {copying * 1e6:.0f}"
-                if limit
+                f"; the target leaves {leaves * 1e6:.0f} us an op, copying each output "
+                f"costs {copying * 1e6:.0f}"
+                if leaves is not None
                 else ""
             )
             rows.append(
@@ -363,7 +364,7 @@ def run(
                     f"{stats['in line'].median / plain.median:.2f}x",
                     f"{stats['bookkeeping'].median / plain.median:.2f}x",
                     f"{per_op * 1e6:.0f} us",
-                    f"{(limit - 1) * plain.median / ops * 1e6:.0f} us" if limit else "-",
+                    f"{leaves * 1e6:.0f} us" if leaves is not None else "-",
                 ]
             )
     table = Table(
