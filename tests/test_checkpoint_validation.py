@@ -6,6 +6,7 @@ import copy
 import math
 import os
 import random
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -238,6 +239,7 @@ def test_a_restore_that_fails_half_way_puts_every_source_back_first() -> None:
 def test_accelerator_states_of_the_wrong_size_and_pending_seeds_of_2_70_are_refused() -> None:
     output = run_python(
         """
+        import copy, warnings
         import torch, detctx, simulated_npu
         simulated_npu.install(2)
         pending = detctx.capture().state_dict()
@@ -246,10 +248,18 @@ def test_accelerator_states_of_the_wrong_size_and_pending_seeds_of_2_70_are_refu
         initialised = detctx.capture().state_dict()
         devices = initialised["sources"]["npu"]["state"]["devices"]
         devices[1] = devices[1][:100].clone()
-        for crafted in (pending, initialised):
+        # Each kind of state as a tensor where its dict of fields belongs.
+        not_dicts = []
+        for state in (pending, initialised):
+            crafted = copy.deepcopy(state)
+            crafted["sources"]["npu"]["state"] = torch.zeros(3, dtype=torch.uint8)
+            not_dicts.append(crafted)
+        for crafted in (pending, initialised, *not_dicts):
             before = detctx.fingerprint()
             try:
-                detctx.restore(crafted)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("error")
+                    detctx.restore(crafted)
             except detctx.CheckpointError as exc:
                 print("refused:", exc)
             assert detctx.fingerprint() == before
@@ -257,6 +267,9 @@ def test_accelerator_states_of_the_wrong_size_and_pending_seeds_of_2_70_are_refu
     )
     assert "'npu'" in output and "seed_before: must be in [0, 18446744073709551615]" in output
     assert "devices[1]: holds 100 bytes" in output
+    assert output.count("refused:") == 4, output
+    assert "state: must be a dict of seed_before, not a Tensor" in output
+    assert "state: must be a dict of devices, not a Tensor" in output
 
 
 @pytest.mark.parametrize("source", ["python", "numpy", "torch"])
@@ -272,6 +285,49 @@ def test_a_source_state_that_is_a_tensor_instead_of_a_dict_is_refused_with_nothi
     before = detctx.fingerprint()
 
     with pytest.raises(detctx.CheckpointError, match=source):
+        detctx.restore(crafted)
+
+    assert detctx.fingerprint() == before
+
+
+@pytest.mark.parametrize(
+    ("source", "fields"),
+    [
+        ("python", "version, internal, gauss_next"),
+        ("numpy", "key, bit_generator, pos, has_gauss, cached_gaussian"),
+    ],
+)
+@pytest.mark.parametrize(
+    "stand_in", [torch.zeros(7, dtype=torch.uint8), [1, 2, 3], "key", 5], ids=repr
+)
+def test_a_state_of_fields_that_is_not_a_dict_is_refused_as_such_before_it_is_read(
+    source: str, fields: str, stand_in: object
+) -> None:
+    # A crafted file: a tensor, list, string or number where the source's dict of fields
+    # belongs. Refused by what it is, not by whatever indexing it with a field's name does
+    # (a tensor indexed with a string warns in torch, then fails on its dimensions).
+    crafted = copy.deepcopy(detctx.capture().state_dict())
+    crafted["sources"][source]["state"] = stand_in
+    before = detctx.fingerprint()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(detctx.CheckpointError) as refused:
+            detctx.restore(crafted)
+
+    message = str(refused.value)
+    assert f"source {source!r}" in message, message
+    assert f"state: must be a dict of {fields}, not a {type(stand_in).__name__}" in message
+    assert detctx.fingerprint() == before
+
+
+@pytest.mark.parametrize(("source", "field"), [("python", "gauss_next"), ("numpy", "pos")])
+def test_a_state_missing_a_field_is_refused_naming_the_field(source: str, field: str) -> None:
+    crafted = copy.deepcopy(detctx.capture().state_dict())
+    del crafted["sources"][source]["state"][field]
+    before = detctx.fingerprint()
+
+    with pytest.raises(detctx.CheckpointError, match=f"{field}: missing from the state"):
         detctx.restore(crafted)
 
     assert detctx.fingerprint() == before

@@ -296,10 +296,10 @@ class AcceleratorSource:
 
     def from_checkpoint(self, kind: str, stored: Any) -> Any:
         if kind == "accelerator-uninitialised":
-            seed_before = stored["seed_before"]
+            seed_before = checks.check_fields(stored, "seed_before")["seed_before"]
             checks.check_pending_seed(seed_before)
             return Uninitialised(seed_before, None)
-        devices = stored["devices"]
+        devices = checks.check_fields(stored, "devices")["devices"]
         if not isinstance(devices, list) or not devices:
             raise TypeError("devices must be a non-empty list of state tensors")
         present = self.state_count()

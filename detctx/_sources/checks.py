@@ -33,6 +33,7 @@ __all__ = [
     "InvalidField",
     "check_accelerator",
     "check_bit_generator",
+    "check_fields",
     "check_numpy_legacy",
     "check_pending_seed",
     "check_python",
@@ -51,6 +52,19 @@ class InvalidField(ValueError):
         super().__init__(f"{field}: {reason}")
         self.field = field
         self.reason = reason
+
+
+def check_fields(stored: object, *names: str) -> Mapping[str, Any]:
+    """``stored`` as a dict holding each of ``names`` (a state stored as a dict of fields):
+    a tensor, a list or a string in its place is refused before anything reads it."""
+    if not isinstance(stored, Mapping):
+        raise InvalidField(
+            "state", f"must be a dict of {', '.join(names)}, not a {type(stored).__name__}"
+        )
+    missing = [name for name in names if name not in stored]
+    if missing:
+        raise InvalidField(", ".join(missing), "missing from the state")
+    return stored
 
 
 def check_words(words: np.ndarray[Any, Any], field: str, count: int) -> None:

@@ -88,6 +88,9 @@ class NumpyRandomStateSource:
             state = plain.array_from_plain(stored)
             checks.check_bit_generator(state, self.bit_generator)
             return state
+        stored = checks.check_fields(
+            stored, "key", "bit_generator", "pos", "has_gauss", "cached_gaussian"
+        )
         words = plain.tensor(stored["key"], torch.int64).numpy()
         checks.check_words(words, "key", checks.MT_WORDS)
         fields = (

@@ -108,6 +108,7 @@ class PythonRandomSource:
         }
 
     def from_checkpoint(self, kind: str, stored: Any) -> Any:
+        stored = checks.check_fields(stored, "version", "internal", "gauss_next")
         internal = plain.tensor(stored["internal"], torch.int64).numpy()
         checks.check_python(stored["version"], internal, stored["gauss_next"])
         words = tuple(int(word) for word in internal.tolist())
