@@ -260,6 +260,10 @@ def test_a_bad_or_foreign_loader_state_is_refused_with_the_position_unchanged() 
         ({**good, "version": 1}, "version 1: saved by a detctx that seeded each sample's"),
         ({**good, "version": 3}, "version 3"),
         ({**good, "version": True}, "version True"),
+        # Crafted: a tensor was compared elementwise (RuntimeError), a float let through.
+        ({**good, "version": torch.tensor([2, 2])}, r"version tensor\(\[2, 2\]\)"),
+        ({**good, "version": torch.tensor(2)}, r"version tensor\(2\)"),
+        ({**good, "version": 2.0}, "version 2.0"),
         ({**good, "shuffle": False}, "shuffle=False"),
         ({**good, "seed": 4}, "seed=4"),
         ({**good, "length": 11}, "11 samples"),
@@ -273,6 +277,9 @@ def test_a_bad_or_foreign_loader_state_is_refused_with_the_position_unchanged() 
         with pytest.raises(CheckpointError, match=message):
             loader.load_state_dict(state)
         assert loader.state_dict() == good
+    # NumPy's integers are integers: a version of np.int64(2) is version 2.
+    loader.load_state_dict({**good, "version": np.int64(2)})
+    assert loader.state_dict() == good
 
 
 def test_bad_loader_arguments_are_refused_when_it_is_built() -> None:

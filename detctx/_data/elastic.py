@@ -145,7 +145,9 @@ class ElasticLoader:
                 f"the elastic loader state has entries {sorted(map(str, state))}; expected "
                 f"{sorted(_STATE_KEYS)}"
             )
-        if state["version"] == 1 and not isinstance(state["version"], bool):
+        # An integer, Python's or NumPy's: a tensor here would be compared elementwise.
+        version = as_integer(state["version"])
+        if version == 1:
             raise CheckpointError(
                 "the elastic loader state is version 1: saved by a detctx that seeded each "
                 "sample's streams from 32 bits (two samples could draw the same augmentation); "
@@ -154,7 +156,7 @@ class ElasticLoader:
                 "augmentation from here, load the position as this version's: "
                 f'loader.load_state_dict({{**state, "version": {_VERSION}}})'
             )
-        if state["version"] != _VERSION or isinstance(state["version"], bool):
+        if version != _VERSION:
             raise CheckpointError(
                 f"the elastic loader state has version {state['version']!r}; this detctx reads "
                 f"version {_VERSION}"
