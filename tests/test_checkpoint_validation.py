@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
 import math
 import os
 import random
+import subprocess
+import sys
 import warnings
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -331,3 +335,25 @@ def test_a_state_missing_a_field_is_refused_naming_the_field(source: str, field:
         detctx.restore(crafted)
 
     assert detctx.fingerprint() == before
+
+
+@pytest.mark.slow
+def test_any_saved_value_replaced_by_one_of_another_type_is_refused_with_nothing_changed() -> None:
+    # benchmarks/hammer_state_types.py: every value of an RNG state dict, an elastic and a
+    # resumable loader's state and a resume state of each, replaced by a tensor, a string, a
+    # list, None, a huge or negative integer, a float, a bool or an empty dict in turn.
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "hammer_state_types.py"
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = [line for line in done.stdout.splitlines() if "not tried" not in line]
+    tried = ["rng", "elastic", "resume(elastic)", "resumable", "resume(resumable)"]
+    if importlib.util.find_spec("torchdata") is None:  # the resume extra (not on older torch)
+        tried = tried[:3]
+        assert "resumable: not tried" in done.stdout, done.stdout
+    assert [line.split(":")[0] for line in lines] == tried, done.stdout
+    for line in lines:
+        counts = dict(part.rsplit(" ", 1) for part in line.rsplit(": ", 1)[1].split(", "))
+        assert set(counts) <= {"refused", "same"}, line
+        assert int(counts["refused"]) > 80, line
