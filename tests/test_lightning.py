@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -251,6 +252,24 @@ def test_a_crafted_checkpoint_state_is_refused_before_any_rng_changes() -> None:
     for state in crafted:
         with pytest.raises(detctx.CheckpointError):
             callback.load_state_dict(state)
+        assert detctx.fingerprint() == before
+    # The seeds it was saved with are seeds: a tensor there was compared elementwise (torch's
+    # RuntimeError), anything else was shown in a warning and the state taken.
+    for name, value in [
+        ("seed", torch.zeros(3)),
+        ("seed", torch.tensor(7)),
+        ("seed", 2**70),
+        ("seed", -1),
+        ("eval_seed", "key"),
+        ("eval_seed", 1.5),
+        ("eval_seed", True),
+        ("eval_seed", [1, 2]),
+        ("seed", None),  # every version saves both
+    ]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with pytest.raises(detctx.CheckpointError, match=f"entry has {name} "):
+                callback.load_state_dict({**good, name: value})
         assert detctx.fingerprint() == before
 
 

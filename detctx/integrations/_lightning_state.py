@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from detctx._basics import CheckpointError, open_envelope
+from detctx._basics import CheckpointError, open_envelope, validate_seed
 from detctx.integrations._ranks import gather_ranks, pick_rank, rank_and_world
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "gather_every_rank",
     "rank_entry",
     "refuse_unreplayable",
+    "saved_seeds",
 ]
 
 STATE_FORMAT: Final = "detctx.lightning"
@@ -46,6 +47,21 @@ def gather_every_rank(checkpoint: Any, key: str) -> None:
         fit_state = fit_loop_state(checkpoint) or {}
         loaders = fit_state.get("combined_loader")
         entry["ranks"] = gather_ranks({"rng": entry.pop("rng"), "loaders": loaders})
+
+
+def saved_seeds(state_dict: Mapping[str, Any], where: str) -> tuple[int, int]:
+    """The ``seed`` and ``eval_seed`` a state was saved with (every version saves both),
+    each checked as a seed: none, a tensor, a string or a float there is a crafted or
+    corrupted state."""
+    seeds = []
+    for name in ("seed", "eval_seed"):
+        value = state_dict.get(name)
+        try:
+            seeds.append(validate_seed(value, name))
+        except (TypeError, ValueError) as exc:
+            shown = " ".join(repr(value).split())[:80]
+            raise CheckpointError(f"{where} has {name} {shown}: {exc}") from exc
+    return seeds[0], seeds[1]
 
 
 def rank_entry(state_dict: Any, where: str) -> tuple[Any, list[Any] | None]:

@@ -68,6 +68,7 @@ from detctx.integrations._lightning_state import (
     gather_every_rank,
     rank_entry,
     refuse_unreplayable,
+    saved_seeds,
 )
 
 # DeterministicCallback is provided by the module's __getattr__, built on first use.
@@ -327,9 +328,9 @@ class _DeterministicCallback:
 
     def _checked(self, state_dict: Any) -> tuple[Snapshot, Any]:
         """This rank's RNG snapshot and training loader states (``None``: not saved)."""
-        rng, loaders = rank_entry(state_dict, f"the checkpoint's {self.state_key!r} entry")
-        snapshot = Snapshot.from_state_dict(rng)
-        saved = (state_dict.get("seed"), state_dict.get("eval_seed"))
+        where = f"the checkpoint's {self.state_key!r} entry"
+        rng, loaders = rank_entry(state_dict, where)
+        saved, snapshot = saved_seeds(state_dict, where), Snapshot.from_state_dict(rng)
         if saved != (self.seed, self.eval_seed):
             warn_at_user(
                 f"resuming a run saved with seed={saved[0]}, eval_seed={saved[1]} under "
